@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` (set up + the main job) and `make test` (set up + lint + tests).
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV ?= .venv
+PYTHON ?= python3
+# pip prints one "Location ... is ignored" line per package for this machine's local indexes; hide them.
+QUIET_PIP := { grep -v "^WARNING: Location" || true; }
+
+.PHONY: demo test lint bench cluster-up cluster-down cluster-status clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/ropim demo
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(VENV)/bin/pytest
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/rop_overhead.py
+
+cluster-up: $(VENV)/.installed
+	VENV=$(VENV) scripts/cluster.sh up
+
+cluster-down:
+	VENV=$(VENV) scripts/cluster.sh down
+
+cluster-status:
+	VENV=$(VENV) scripts/cluster.sh status
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

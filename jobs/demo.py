@@ -1,0 +1,8 @@
+"""`ray job submit --working-dir . -- python jobs/demo.py [--preset NAME] [overrides]`: `ropim demo` as a Ray job."""
+
+import sys
+
+from ropim.cli import main
+
+if __name__ == "__main__":
+    main(["demo", *sys.argv[1:]])

@@ -1,0 +1,8 @@
+"""`ray job submit --working-dir . -- python jobs/finetune.py [--preset NAME] [overrides]`: `ropim finetune` as a Ray job."""
+
+import sys
+
+from ropim.cli import main
+
+if __name__ == "__main__":
+    main(["finetune", *sys.argv[1:]])

@@ -1,0 +1,8 @@
+"""`ray job submit --working-dir . -- python jobs/pretrain.py [--preset NAME] [overrides]`: `ropim pretrain` as a Ray job."""
+
+import sys
+
+from ropim.cli import main
+
+if __name__ == "__main__":
+    main(["pretrain", *sys.argv[1:]])

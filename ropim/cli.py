@@ -1,0 +1,109 @@
+"""The ``ropim`` command: subcommands over the library, configs from YAML files, presets and flags.
+
+Every subcommand takes ``--config FILE`` and ``--preset NAME`` (a YAML shipped in
+``ropim/presets/<command>/``), then dotted overrides such as ``--model.rho 0.25``; later wins.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+PRESETS = Path(__file__).with_name("presets")
+
+
+def presets(command: str | None = None) -> dict[str, Path]:
+    """Shipped presets as {'command/name': path}."""
+    return {f"{p.parent.name}/{p.stem}": p for p in sorted(PRESETS.glob(f"{command or '*'}/*.yaml"))}
+
+
+def _expand_presets(command: str, argv: list[str]) -> list[str]:
+    """Turn ``--preset NAME`` into ``--config <shipped file>`` so it composes with other flags in order."""
+    out, it = [], iter(argv)
+    for arg in it:
+        if arg == "--preset":
+            name = next(it, "")
+        elif arg.startswith("--preset="):
+            name = arg.removeprefix("--preset=")
+        else:
+            out.append(arg)
+            continue
+        path = presets(command).get(f"{command}/{name}")
+        if path is None:
+            known = ", ".join(k.split("/", 1)[1] for k in presets(command)) or "none"
+            raise SystemExit(f"ropim {command}: unknown --preset {name!r}; shipped presets: {known}")
+        out += ["--config", str(path)]
+    return out
+
+
+def _sub(config_cls, description: str) -> ArgumentParser:
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (repeatable; later wins)")
+    parser.add_argument("--preset", type=str, help="a shipped preset (`ropim presets`), applied where it stands")
+    parser.add_class_arguments(config_cls, nested_key=None, as_group=False)
+    return parser
+
+
+def build_parser() -> ArgumentParser:
+    """The ``ropim`` parser with its subcommands."""
+    from ropim.evaluate import FinetuneConfig
+    from ropim.pipeline import DemoConfig
+    from ropim.train import PretrainConfig
+
+    parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
+    sub = parser.add_subcommands(dest="command")
+    sub.add_subcommand("pretrain", _sub(PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it."),
+                       help="pretrain an encoder and register it in MLflow")
+    sub.add_subcommand("finetune", _sub(FinetuneConfig, "Fine-tune a classifier from a registered encoder."),
+                       help="fine-tune from an encoder URI and report top-1")
+    sub.add_subcommand("demo", _sub(DemoConfig, "Pretrain -> register -> fine-tune vs random init."),
+                       help="the main job end to end (default: the digits_demo preset)")
+    sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
+    return parser
+
+
+def _config(ns, cls):
+    """Build ``cls`` from a subcommand namespace (dropping --config/--preset)."""
+    values = {k: v for k, v in ns.items() if k not in ("config", "preset", "__path__")}
+    return cls(**values)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``ropim`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "demo" and not any(a.startswith(("--preset", "--config")) for a in argv):
+        argv.insert(argv.index("demo") + 1, "--preset=digits_demo")
+    if command:
+        argv = _expand_presets(command, argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "presets":
+        for name, path in presets().items():
+            head = path.read_text().splitlines()[0].lstrip("# ")
+            print(f"{name:<28} {head}")
+        return
+    ns = parser.instantiate(args)[args.command]
+    try:
+        if args.command == "pretrain":
+            from ropim.train import PretrainConfig, pretrain
+
+            result = pretrain(_config(ns, PretrainConfig))
+            print(result.encoder_uri)
+        elif args.command == "finetune":
+            from ropim.evaluate import FinetuneConfig, finetune
+
+            metrics = finetune(_config(ns, FinetuneConfig))
+            print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%")
+        elif args.command == "demo":
+            from ropim.pipeline import DemoConfig, run_demo
+
+            run_demo(_config(ns, DemoConfig))
+    except (ValueError, LookupError, ConnectionError, FileNotFoundError) as err:
+        raise SystemExit(f"ropim {args.command}: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
