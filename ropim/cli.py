@@ -11,6 +11,8 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from ropim.errors import ConfigError
+
 PRESETS = Path(__file__).with_name("presets")
 
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             from ropim.pipeline import DemoConfig, run_demo
 
             run_demo(_config(ns, DemoConfig))
-    except (ValueError, LookupError, ConnectionError, FileNotFoundError) as err:
+    except (ConfigError, LookupError, ConnectionError, FileNotFoundError) as err:
         raise SystemExit(f"ropim {args.command}: {err}") from None
 
 

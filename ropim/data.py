@@ -14,6 +14,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from ropim.errors import ConfigError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SOURCES = ("digits",)
@@ -29,11 +31,11 @@ class DataConfig:
     split_seed: int = 0
 
     def validate(self) -> DataConfig:
-        """Raise ValueError naming the bad field and its fix."""
+        """Raise ConfigError naming the bad field and its fix."""
         if self.source not in SOURCES:
-            raise ValueError(f"data source={self.source!r}: unknown; choose one of {', '.join(SOURCES)}")
+            raise ConfigError(f"data source={self.source!r}: unknown; choose one of {', '.join(SOURCES)}")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
+            raise ConfigError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
         return self
 
 
@@ -73,7 +75,7 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 3
     """The ``split`` ('train' or 'val') of the configured source."""
     cfg.validate()
     if split not in SPLITS:
-        raise ValueError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
+        raise ConfigError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
     images, labels, classes = load_digits(img_size)
     idx = split_indices(len(labels), cfg.val_fraction, cfg.split_seed)[split]
     return ImageArrayDataset(images[idx], labels[idx], classes, transform)

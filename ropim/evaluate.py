@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 import timm
 import torch
 import torch.nn.functional as F
-from timm.data import Mixup, create_transform
+from PIL import Image, ImageOps
+from timm.data import Mixup, auto_augment, create_transform
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
@@ -21,6 +22,19 @@ from torch.utils.data import DataLoader
 
 from ropim import registry
 from ropim.data import IMAGENET_MEAN, IMAGENET_STD, DataConfig, build_dataset, eval_transform
+from ropim.errors import ConfigError
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize for current Pillow, which rejects 0 bits: keeping 0 bits gives a black image."""
+    if bits_to_keep >= 8:
+        return img
+    return ImageOps.posterize(img, bits_to_keep) if bits_to_keep >= 1 else Image.new(img.mode, img.size)
+
+
+# RandAugment "inc1" at magnitude 10 asks for 0 bits (reachable with mstd noise); Pillow ≥ 11 raises on it.
+for _name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+    auto_augment.NAME_TO_OP[_name] = _posterize
 
 
 @dataclass(frozen=True)
@@ -50,13 +64,13 @@ class FinetuneConfig:
     run_name: str | None = None
 
     def validate(self) -> FinetuneConfig:
-        """Raise ValueError naming the bad field and its fix."""
+        """Raise ConfigError naming the bad field and its fix."""
         self.data.validate()
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be ≥ 1")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 1")
         if not 0 < self.layer_decay <= 1:
-            raise ValueError(f"layer_decay={self.layer_decay}: must be in (0, 1] (the paper uses 0.65–0.75)")
+            raise ConfigError(f"layer_decay={self.layer_decay}: must be in (0, 1] (the paper uses 0.65–0.75)")
         return self
 
     @property

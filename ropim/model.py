@@ -16,6 +16,7 @@ import timm
 import torch
 from torch import nn
 
+from ropim.errors import ConfigError
 from ropim.sketch import Sketch, check_rho, draw_sketch, n_buckets_for
 
 ARCHS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
@@ -39,18 +40,18 @@ class ModelConfig:
     hashing: str = "balanced"
 
     def validate(self) -> ModelConfig:
-        """Raise ValueError naming the bad field and its fix."""
+        """Raise ConfigError naming the bad field and its fix."""
         if self.arch not in ARCHS:
-            raise ValueError(f"arch={self.arch!r}: unknown architecture; choose one of {', '.join(ARCHS)}")
+            raise ConfigError(f"arch={self.arch!r}: unknown architecture; choose one of {', '.join(ARCHS)}")
         if self.patch_size <= 0 or self.img_size % self.patch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"img_size={self.img_size}, patch_size={self.patch_size}: the patch size must divide the "
                 f"image size (e.g. img_size={self.img_size - self.img_size % max(self.patch_size, 1)})"
             )
         if self.corruption not in CORRUPTIONS:
-            raise ValueError(f"corruption={self.corruption!r}: choose one of {', '.join(CORRUPTIONS)}")
+            raise ConfigError(f"corruption={self.corruption!r}: choose one of {', '.join(CORRUPTIONS)}")
         if self.loss not in LOSSES:
-            raise ValueError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
+            raise ConfigError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
         check_rho(self.rho)
         n_buckets_for(self.n_tokens, self.rho)
         return self

@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -21,6 +22,10 @@ import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file, save_file
+
+from ropim.errors import ConfigError
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 DEFAULT_ENCODER_NAME = "ropim-encoder"
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
@@ -128,7 +133,8 @@ def register_encoder(
         weights, cfg_file = Path(tmp) / "encoder.safetensors", Path(tmp) / "config.json"
         save_file({k: v.detach().cpu().contiguous() for k, v in encoder_state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
             info = mlflow.pyfunc.log_model(
                 name="encoder",
                 python_model=str(ENCODER_CODE),
@@ -185,5 +191,5 @@ def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
     model = timm.create_model(config["arch"], pretrained=False, **{**config["timm_kwargs"], **timm_overrides})
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or any(not k.startswith("head.") for k in missing):
-        raise ValueError(f"encoder {model_uri}: weights do not match {config['arch']} ({missing=}, {unexpected=})")
+        raise ConfigError(f"encoder {model_uri}: weights do not match {config['arch']} ({missing=}, {unexpected=})")
     return model.eval(), config

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ropim.errors import ConfigError
+
 HASHINGS = ("balanced", "uniform")
 
 
@@ -24,14 +26,14 @@ def n_buckets_for(n_tokens: int, rho: float) -> int:
     """K' = ceil(rho·N − 1e-6) clipped to [1, N−1]; rho = 1/7 at N = 196 gives 28, not 29."""
     check_rho(rho)
     if n_tokens < 2:
-        raise ValueError(f"n_tokens={n_tokens}: a sketch needs at least 2 tokens (use a smaller patch_size)")
+        raise ConfigError(f"n_tokens={n_tokens}: a sketch needs at least 2 tokens (use a smaller patch_size)")
     return min(max(math.ceil(rho * n_tokens - 1e-6), 1), n_tokens - 1)
 
 
 def check_rho(rho: float) -> None:
-    """Raise ValueError unless 0 < rho < 1."""
+    """Raise ConfigError (a ValueError) unless 0 < rho < 1."""
     if not (isinstance(rho, (int, float)) and 0.0 < rho < 1.0):
-        raise ValueError(f"rho={rho!r}: the sketch ratio must satisfy 0 < rho < 1 (the paper's default is 1/7)")
+        raise ConfigError(f"rho={rho!r}: the sketch ratio must satisfy 0 < rho < 1 (the paper's default is 1/7)")
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def draw_sketch(
     """
     k = n_buckets_for(n_tokens, rho)
     if hashing not in HASHINGS:
-        raise ValueError(f"hashing={hashing!r}: choose one of {', '.join(HASHINGS)}")
+        raise ConfigError(f"hashing={hashing!r}: choose one of {', '.join(HASHINGS)}")
     if generator is not None and device is None:
         device = generator.device
     shape = (batch_size, n_tokens)

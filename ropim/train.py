@@ -22,6 +22,7 @@ from timm.scheduler import CosineLRScheduler
 
 from ropim import registry
 from ropim.data import DataConfig, build_dataset, pretrain_transform
+from ropim.errors import ConfigError
 from ropim.model import ROPIM, ModelConfig, encoder_kwargs
 
 log = logging.getLogger("ropim.train")
@@ -52,18 +53,18 @@ class PretrainConfig:
     registered_model: str = registry.DEFAULT_ENCODER_NAME
 
     def validate(self) -> PretrainConfig:
-        """Raise ValueError naming the bad field and its fix, before any Ray or MLflow work."""
+        """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
         self.model.validate()
         self.data.validate()
         for name in ("epochs", "global_batch_size", "num_workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be ≥ 1")
+                raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 1")
         if self.global_batch_size % self.num_workers:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by num_workers={self.num_workers}"
             )
         if self.base_lr <= 0:
-            raise ValueError(f"base_lr={self.base_lr}: must be > 0")
+            raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
         return self
 
     @property
@@ -136,8 +137,6 @@ def train_loop_per_worker(config: dict) -> None:
                         generator=torch.Generator().manual_seed(cfg.seed))
     loader = ray.train.torch.prepare_data_loader(loader)
     steps_per_epoch = len(loader) if cfg.max_steps_per_epoch is None else min(len(loader), cfg.max_steps_per_epoch)
-    if steps_per_epoch < 1:
-        raise ValueError(f"global_batch_size={cfg.global_batch_size} exceeds the data set ({len(dataset)} images)")
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = CosineLRScheduler(optimizer, t_initial=total_steps, lr_min=cfg.min_lr,
                                   warmup_t=round(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=cfg.min_lr,
@@ -206,6 +205,9 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None) -> PretrainRes
     from ray.train.torch import TorchTrainer
 
     cfg.validate()
+    n_train = len(build_dataset(cfg.data, "train", img_size=cfg.model.img_size))
+    if n_train < cfg.global_batch_size:
+        raise ConfigError(f"global_batch_size={cfg.global_batch_size} exceeds the training split ({n_train} images)")
     uri = registry.tracking_uri()
     registry.check_tracking(uri)
     run_name = cfg.run_name or f"pretrain-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -213,9 +215,10 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None) -> PretrainRes
     run_id = registry.create_run(cfg.experiment, run_name, cfg.to_dict(), {"ropim.kind": "pretrain"}, uri)
     registry.log_text(run_id, config_text or json.dumps(cfg.to_dict(), indent=2), "config/pretrain.yaml", uri)
     print(f"[pretrain] MLflow run {run_id} at {uri}", flush=True)
+    started_ray = not ray.is_initialized()
     try:
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=True)
+        if started_ray:
+            ray.init(include_dashboard=False)
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": uri},
@@ -237,6 +240,9 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None) -> PretrainRes
     except BaseException:
         registry.end_run(run_id, "FAILED", uri)
         raise
+    finally:
+        if started_ray:
+            ray.shutdown()
     registry.set_tags(run_id, {"ropim.encoder_uri": encoder_uri}, uri)
     registry.end_run(run_id, "FINISHED", uri)
     print(f"[pretrain] registered encoder {encoder_uri}", flush=True)
