@@ -134,7 +134,7 @@ def register_encoder(
         save_file({k: v.detach().cpu().contiguous() for k, v in encoder_state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
         with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
             info = mlflow.pyfunc.log_model(
                 name="encoder",
                 python_model=str(ENCODER_CODE),

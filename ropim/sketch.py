@@ -49,18 +49,29 @@ class Sketch:
     def n_tokens(self) -> int:
         return self.h.shape[1]
 
+    def _flat_index(self) -> torch.Tensor:
+        """(B·N,) bucket ids made unique per image: image b's bucket i is row b·K' + i."""
+        b = self.h.shape[0]
+        offsets = torch.arange(b, device=self.h.device).unsqueeze(1) * self.n_buckets
+        return (self.h + offsets).reshape(-1)
+
+    def _sketch_flat(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """P x as (B·K', D) rows, scatter-added along ``index``."""
+        b, n, d = x.shape
+        signed = (x * self.s.to(x.dtype).unsqueeze(-1)).reshape(b * n, d)
+        return x.new_zeros(b * self.n_buckets, d).index_add_(0, index, signed)
+
     def sketch(self, x: torch.Tensor) -> torch.Tensor:
         """P x: (B, N, D) -> (B, K', D), bucket i = Σ_{j: h_j = i} s_j x_j."""
-        b, n, d = x.shape
-        index = self.h.unsqueeze(-1).expand(b, n, d)
-        out = x.new_zeros(b, self.n_buckets, d)
-        return out.scatter_add_(1, index, x * self.s.to(x.dtype).unsqueeze(-1))
+        return self._sketch_flat(x, self._flat_index()).view(x.shape[0], self.n_buckets, x.shape[2])
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """Π x = Pᵀ diag(1/c) P x along the token axis: (B, N, D) -> (B, N, D), same dtype."""
-        y = self.sketch(x) / self.counts.clamp(min=1).to(x.dtype).unsqueeze(-1)  # (B, K', D)
-        index = self.h.unsqueeze(-1).expand_as(x)
-        return torch.gather(y, 1, index) * self.s.to(x.dtype).unsqueeze(-1)  # (B, N, D)
+        b, n, d = x.shape
+        index = self._flat_index()
+        y = self._sketch_flat(x, index)  # (B·K', D) bucket sums
+        weight = self.s / self.counts.gather(1, self.h)  # (B, N): s_j / c_{h_j}, never 1/0
+        return y.index_select(0, index).view(b, n, d) * weight.to(x.dtype).unsqueeze(-1)
 
     def complement(self, x: torch.Tensor) -> torch.Tensor:
         """(I − Π) x."""
