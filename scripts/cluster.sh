@@ -2,7 +2,7 @@
 # Local "cluster" for `ray job submit` + an MLflow tracking server, on this machine only.
 #
 #   scripts/cluster.sh up       start a Ray head and an MLflow server, wait until both are healthy
-#   scripts/cluster.sh status   show what runs, with pids and health
+#   scripts/cluster.sh status   show what runs, with pids and health (exit 0 healthy, 1 unhealthy, 3 not running)
 #   scripts/cluster.sh down     stop exactly the processes `up` started (never `ray stop`)
 #
 # Ports (all configurable; non-default so they don't collide with a developer's own Ray/MLflow):
@@ -20,7 +20,8 @@
 # `setsid`, so each gets its own session id (= the pid recorded in .cluster/*.sid). Every Ray
 # daemon and worker stays in that session (workers get their own process group, not their own
 # session). `down` stops: the members of our two sessions, all their descendants (job drivers
-# call setsid themselves), and any process whose command line contains our private Ray temp dir.
+# call setsid themselves), and any process with a flag (--temp-dir=..., --session-dir=...) that
+# points into our private Ray temp dir.
 # Ray is stopped in `ray stop`'s order (raylet, then the rest, then gcs_server): SIGTERM, wait,
 # SIGKILL what is left. Linux does not hand out a pid that is still in use as a session id, so
 # a recorded session id cannot match someone else's processes while any of ours is alive; once
@@ -79,14 +80,16 @@ descendants() {  # all descendants of the pids given as arguments (not including
         }'
 }
 
-tempdir_procs() {  # our uid's processes whose command line mentions our private Ray temp dir
+tempdir_procs() {  # our uid's processes with a flag pointing into our private Ray temp dir
+    # (--temp-dir=, --session-dir=, --log_dir=, ... as Ray's daemons and workers have; a bare
+    # path, as in `tail -f .../raylet.out`, does not match)
     local me=$$ pid args
     for d in /proc/[0-9]*; do
         pid="${d#/proc/}"
         [ "$pid" = "$me" ] && continue
         [ -O "$d" ] || continue
         args="$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null)" || continue
-        case "$args" in *"$RAY_TEMP_DIR/"*) echo "$pid" ;; esac
+        case "$args " in *"=$RAY_TEMP_DIR/"* | *"=$RAY_TEMP_DIR "*) echo "$pid" ;; esac
     done
 }
 
@@ -167,10 +170,11 @@ ray_healthy() {
 }
 mlflow_healthy() { curl -fsS -m 3 "http://127.0.0.1:$MLFLOW_PORT/health" >/dev/null 2>&1; }
 
-wait_healthy() {  # name check_fn deadline(epoch s)
+wait_healthy() {  # name check_fn deadline(epoch s) sid_file snapshot_file
     local name="$1" fn="$2" deadline="$3"
     until "$fn"; do
         [ "$(date +%s)" -ge "$deadline" ] && return 1
+        alive_sid "$4" "$5" >/dev/null || { say "$name exited during startup"; return 1; }
         sleep 1
     done
     say "$name healthy after $(( $(date +%s) - T_START ))s"
@@ -219,7 +223,7 @@ start_ray() {
     fi
     # Record the pids (with start times); `down` re-discovers too, since workers come and go.
     snapshot "$sid" "$RAY_SNAP"
-    say "ray head started (session $sid, $(wc -l <"$RAY_SNAP") processes: $(key_pids "$sid"))"
+    say "ray head started in $(( $(date +%s) - T_START ))s (session $sid, $(wc -l <"$RAY_SNAP") processes: $(key_pids "$sid"))"
 }
 
 start_mlflow() {
@@ -299,15 +303,15 @@ cmd_up() {
     # mlflow first: it starts in the background and warms up while `ray start` runs.
     [ "$mlflow_running" = no ] && start_mlflow
     [ "$ray_running" = no ] && start_ray
-    if ! wait_healthy ray ray_healthy "$deadline"; then
+    if ! wait_healthy ray ray_healthy "$deadline" "$RAY_SID_FILE" "$RAY_SNAP"; then
         tail -n 20 "$RAY_LOG" >&2
         stop_ray; stop_mlflow
-        die "ray not healthy within ${UP_TIMEOUT}s; stopped what was started (logs in $CLUSTER_DIR)"
+        die "ray did not become healthy (timeout ${UP_TIMEOUT}s); stopped what was started (logs in $CLUSTER_DIR)"
     fi
-    if ! wait_healthy mlflow mlflow_healthy "$deadline"; then
+    if ! wait_healthy mlflow mlflow_healthy "$deadline" "$MLFLOW_SID_FILE" "$MLFLOW_SNAP"; then
         tail -n 20 "$MLFLOW_LOG" >&2
         stop_ray; stop_mlflow
-        die "mlflow not healthy within ${UP_TIMEOUT}s; stopped what was started (log: $MLFLOW_LOG)"
+        die "mlflow did not become healthy (timeout ${UP_TIMEOUT}s); stopped what was started (log: $MLFLOW_LOG)"
     fi
     snapshot "$(cat "$RAY_SID_FILE")" "$RAY_SNAP"          # now with dashboard children, workers
     snapshot "$(cat "$MLFLOW_SID_FILE")" "$MLFLOW_SNAP"    # now with uvicorn
