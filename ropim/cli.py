@@ -53,22 +53,28 @@ def build_parser() -> ArgumentParser:
     from ropim.evaluate import FinetuneConfig
     from ropim.pipeline import DemoConfig
     from ropim.train import PretrainConfig
+    from ropim.viz import VizConfig
 
     parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
     sub = parser.add_subcommands(dest="command")
-    sub.add_subcommand("pretrain", _sub(PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it."),
-                       help="pretrain an encoder and register it in MLflow")
+    pretrain = _sub(PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it.")
+    pretrain.add_argument("--resume", type=str, help="continue the named run with its stored config "
+                          "(num_workers, use_gpu, stop_after_epochs, max_failures may change)")
+    sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
     sub.add_subcommand("finetune", _sub(FinetuneConfig, "Fine-tune a classifier from a registered encoder."),
                        help="fine-tune from an encoder URI and report top-1")
     sub.add_subcommand("demo", _sub(DemoConfig, "Pretrain -> register -> fine-tune vs random init."),
                        help="the main job end to end (default: the digits_demo preset)")
+    sub.add_subcommand("viz", _sub(VizConfig, "Reconstruction grid (paper Figs. 3/6/7) from a checkpoint or a "
+                                   "registered encoder, and the token-error histograms of Fig. 5, as PNGs."),
+                       help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
     sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
     return parser
 
 
 def _config(ns, cls):
     """Build ``cls`` from a subcommand namespace (dropping --config/--preset)."""
-    values = {k: v for k, v in ns.items() if k not in ("config", "preset", "__path__")}
+    values = {k: v for k, v in ns.items() if k not in ("config", "preset", "resume", "__path__")}
     return cls(**values)
 
 
@@ -90,10 +96,13 @@ def main(argv: list[str] | None = None) -> None:
     ns = parser.instantiate(args)[args.command]
     try:
         if args.command == "pretrain":
-            from ropim.train import PretrainConfig, pretrain
+            from ropim.train import RESUMABLE, PretrainConfig, pretrain, resume_config
 
-            result = pretrain(_config(ns, PretrainConfig))
-            print(result.encoder_uri)
+            cfg = _config(ns, PretrainConfig)
+            if ns.resume:
+                cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in RESUMABLE})
+            result = pretrain(cfg)
+            print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
         elif args.command == "finetune":
             from ropim.evaluate import FinetuneConfig, finetune
 
@@ -103,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
             from ropim.pipeline import DemoConfig, run_demo
 
             run_demo(_config(ns, DemoConfig))
+        elif args.command == "viz":
+            from ropim.viz import VizConfig, describe, run_viz
+
+            print(describe(run_viz(_config(ns, VizConfig))))
     except (ConfigError, LookupError, ConnectionError, FileNotFoundError) as err:
         raise SystemExit(f"ropim {args.command}: {err}") from None
 

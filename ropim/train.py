@@ -1,31 +1,38 @@
-"""ROPIM pretraining on Ray Train: the per-worker loop, the TorchTrainer wiring, checkpoints.
+"""ROPIM pretraining on Ray Train: the per-worker loop, the TorchTrainer wiring, resume and registration.
 
-``pretrain(cfg)`` validates everything, opens an MLflow run, runs ``train_loop_per_worker`` on
-``cfg.num_workers`` workers, then registers the final encoder and returns its ``models:/`` URI.
+``pretrain(cfg)`` validates everything, opens (or re-opens) the MLflow run, runs ``train_loop_per_worker``
+on ``cfg.num_workers`` workers, then registers the final encoder and returns its ``models:/`` URI.
+Re-running a named run (same ``run_name`` and ``storage_path``) continues from its latest checkpoint with
+the same step count, LR schedule and MLflow run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 
 from ropim import registry
-from ropim.data import DataConfig, build_dataset, pretrain_transform
+from ropim.checkpoint import load_checkpoint, read_run_meta, save_checkpoint, write_run_meta
+from ropim.data import DataConfig, build_dataset, eval_transform, pretrain_transform
 from ropim.errors import ConfigError
 from ropim.model import ROPIM, ModelConfig, encoder_kwargs
 
 log = logging.getLogger("ropim.train")
+PRECISIONS = ("fp32", "bf16", "fp16")
+# Fields that may differ when a named run is continued; everything else must match the stored config.
+RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
 
 
 @dataclass(frozen=True)
@@ -36,16 +43,25 @@ class PretrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     epochs: int = 10
     global_batch_size: int = 128
+    accum_steps: int = 1  # gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)
     base_lr: float = 1e-3  # lr = base_lr × global_batch_size / 512
     min_lr: float = 1e-6
     warmup_epochs: float = 1.0
     weight_decay: float = 0.05
     beta2: float = 0.95
+    clip_grad: float | None = None  # max gradient norm; None = no clipping
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
     num_workers: int = 2
     use_gpu: bool = False
+    cpus_per_worker: float = 1.0
     seed: int = 0
-    checkpoint_every: int = 0  # epochs between checkpoints; 0 = only the final one
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
+    keep_checkpoints: int = 2
+    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
+    stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (resume later)
     max_steps_per_epoch: int | None = None  # cap for smoke runs
+    eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
+    knn_k: int = 20
     log_every: int = 10  # steps between progress lines
     experiment: str = "ropim-pretrain"
     run_name: str | None = None
@@ -56,15 +72,20 @@ class PretrainConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
         self.model.validate()
         self.data.validate()
-        for name in ("epochs", "global_batch_size", "num_workers"):
+        for name in ("epochs", "global_batch_size", "num_workers", "accum_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 1")
-        if self.global_batch_size % self.num_workers:
+        if self.global_batch_size % (self.num_workers * self.accum_steps):
             raise ConfigError(
-                f"global_batch_size={self.global_batch_size} is not divisible by num_workers={self.num_workers}"
+                f"global_batch_size={self.global_batch_size} is not divisible by num_workers={self.num_workers} "
+                f"× accum_steps={self.accum_steps}"
             )
         if self.base_lr <= 0:
             raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.precision == "fp16" and not self.use_gpu:
+            raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
         return self
 
     @property
@@ -93,116 +114,217 @@ def encoder_config(cfg: PretrainConfig, embed_dim: int) -> dict:
     }
 
 
+def _seed(seed: int, counter: int, rank: int) -> int:
+    return (seed * 1_000_003 + rank) * 1_000_000_007 + counter
+
+
 def sketch_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
     """The generator of step ``step`` on ``rank``: sketches are reproducible from (seed, step, rank)."""
-    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + rank) * 1_000_000_007 + step)
+    return torch.Generator(device=device).manual_seed(_seed(seed, step, rank))
 
 
-def save_checkpoint(folder: Path, model: ROPIM, optimizer, epoch: int, step: int, cfg: PretrainConfig) -> None:
-    """Model weights as safetensors, optimizer and counters as a tensor-only torch file, the config."""
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch, "step": step}, folder / "train_state.pt")
-    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated GPU memory, or this process's peak resident memory on CPU, in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def knn_top1_of(encoder: torch.nn.Module, cfg: PretrainConfig) -> float:
+    """kNN top-1 (%) of ``encoder``'s frozen features on the val split (train split as memory bank)."""
+    from ropim.evaluate import extract_features, knn_top1
+
+    tf, size = eval_transform(cfg.model.img_size), cfg.model.img_size
+    train = extract_features(encoder, build_dataset(cfg.data, "train", tf, size))
+    val = extract_features(encoder, build_dataset(cfg.data, "val", tf, size))
+    encoder.train()
+    return knn_top1(*train, *val, k=cfg.knn_k)
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train worker: pretrain ROPIM; rank 0 logs to MLflow and writes checkpoints."""
     import ray.train
     import ray.train.torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, DistributedSampler
 
     cfg = PretrainConfig.from_dict(config["cfg"])
     run_id, tracking = config["run_id"], config["tracking_uri"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
 
-    model = ROPIM(cfg.model)
-    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                    betas=(0.9, cfg.beta2))
+    model = ROPIM(cfg.model).to(device)
+    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, cfg.beta2))
+    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
     start_epoch, step = 0, 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as d:
-            model.load_state_dict(load_file(os.path.join(d, "model.safetensors")))
-            state = torch.load(os.path.join(d, "train_state.pt"), weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
+            state = load_checkpoint(d, model, optimizer, scaler)
         start_epoch, step = state["epoch"] + 1, state["step"]
-    ddp_model = ray.train.torch.prepare_model(model)
+        if rank == 0:
+            log.info(f"[pretrain] resumed from epoch {start_epoch}, step {step}")
+    ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
 
-    per_worker = cfg.global_batch_size // world
+    micro_batch = cfg.global_batch_size // (world * cfg.accum_steps)
     dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
-    loader = DataLoader(dataset, batch_size=per_worker, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(cfg.seed))
-    loader = ray.train.torch.prepare_data_loader(loader)
-    steps_per_epoch = len(loader) if cfg.max_steps_per_epoch is None else min(len(loader), cfg.max_steps_per_epoch)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=True)
+    steps_per_epoch = len(loader) // cfg.accum_steps
+    if cfg.max_steps_per_epoch is not None:
+        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
     scheduler = CosineLRScheduler(optimizer, t_initial=total_steps, lr_min=cfg.min_lr,
                                   warmup_t=round(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=cfg.min_lr,
                                   t_in_epochs=False)
     scheduler.step_update(step)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    last_epoch = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs, start_epoch + cfg.stop_after_epochs)
 
-    for epoch in range(start_epoch, cfg.epochs):
-        if world > 1:
-            loader.sampler.set_epoch(epoch)
+    for epoch in range(start_epoch, last_epoch):
+        sampler.set_epoch(epoch)
+        torch.manual_seed(_seed(cfg.seed, epoch, rank))  # augmentation and drop path
         ddp_model.train()
         loss_sum, n_seen, t0 = torch.zeros((), device=device), 0, time.perf_counter()
-        for i, (imgs, _) in enumerate(loader):
-            if i == steps_per_epoch:
-                break
-            loss, _, _ = ddp_model(imgs, sketch_generator(cfg.seed, step, rank, device))
+        batches = iter(loader)
+        for i in range(steps_per_epoch):
+            generator = sketch_generator(cfg.seed, step, rank, device)
+            for micro in range(cfg.accum_steps):
+                imgs, _ = next(batches)
+                sync = micro + 1 == cfg.accum_steps or world == 1
+                with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
+                        torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss, _, _ = ddp_model(imgs, generator)
+                    scaled = loss / cfg.accum_steps
+                    (scaler.scale(scaled) if scaler else scaled).backward()
+                loss_sum += loss.detach().float() / cfg.accum_steps
+                n_seen += imgs.shape[0]
+            if scaler:
+                scaler.unscale_(optimizer)
+            if cfg.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
             step += 1
             scheduler.step_update(step)
-            loss_sum += loss.detach()
-            n_seen += imgs.shape[0]
             if rank == 0 and (step % cfg.log_every == 0 or i + 1 == steps_per_epoch):
-                elapsed = time.perf_counter() - t0
-                rate = n_seen * world / elapsed
+                rate = n_seen * world / (time.perf_counter() - t0)
                 eta = (total_steps - step) * cfg.global_batch_size / rate
                 # logging, not print: Ray Train's print patch would echo each line twice
                 log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} step {step}/{total_steps} "
                          f"loss {loss.item():.4f} {rate:.1f} img/s ETA {eta / 60:.1f} min")
         epoch_time = time.perf_counter() - t0
-        mean_loss = loss_sum / steps_per_epoch
+        stats = torch.tensor([loss_sum.item() / steps_per_epoch, n_seen, epoch_time, peak_memory_mb(device)])
         if world > 1:
-            torch.distributed.all_reduce(mean_loss)
-            mean_loss /= world
+            gathered = [torch.zeros_like(stats) for _ in range(world)]
+            torch.distributed.all_gather(gathered, stats.to(device) if device.type == "cuda" else stats)
+            g = torch.stack([t.cpu() for t in gathered])
+            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max()])
         metrics = {
-            "loss": mean_loss.item(), "lr": optimizer.param_groups[0]["lr"],
-            "img_per_s": n_seen * world / epoch_time, "epoch_time_s": epoch_time,
-            "epoch": epoch + 1, "step": step,
+            "loss": stats[0].item(), "lr": optimizer.param_groups[0]["lr"],
+            "img_per_s": stats[1].item() / stats[2].item(), "epoch_time_s": stats[2].item(),
+            "peak_mem_mb": stats[3].item(), "epoch": epoch + 1, "step": step,
         }
-        last = epoch + 1 == cfg.epochs
-        save = last or (cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0)
+        if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
+            metrics["knn_top1"] = knn_top1_of(model.encoder, cfg)
         if rank == 0:
             registry.log_metrics(run_id, {k: v for k, v in metrics.items() if k != "epoch"}, epoch + 1, tracking)
+        save = epoch + 1 == last_epoch or (epoch + 1) % cfg.checkpoint_every == 0
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if save and rank == 0:
-                save_checkpoint(Path(tmp), model, optimizer, epoch, step, cfg)
+                save_checkpoint(Path(tmp), model, optimizer, scaler, epoch, step, cfg.to_dict())
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
 
 
 @dataclass(frozen=True)
 class PretrainResult:
-    """Where a finished pretraining run left its outputs."""
+    """Where a pretraining job left its outputs; ``encoder_uri`` is None while the run is unfinished."""
 
     run_id: str
-    encoder_uri: str
+    encoder_uri: str | None
     checkpoint_path: str
     metrics: dict
 
 
-def pretrain(cfg: PretrainConfig, config_text: str | None = None) -> PretrainResult:
-    """Validate, run the TorchTrainer, register the final encoder; return its URI and the run id."""
-    import ray
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+def build_trainer(cfg: PretrainConfig, run_id: str, tracking_uri: str, *,
+                  train_loop: Callable[[dict], None] = train_loop_per_worker, callbacks: list | None = None,
+                  storage_path: str | None = None):
+    """The TorchTrainer of one pretraining run (also used inside Tune trials)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    storage = storage_path or cfg.storage_path
+    return TorchTrainer(
+        train_loop,
+        train_loop_config={"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri},
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                     resources_per_worker={"CPU": cfg.cpus_per_worker}),
+        run_config=RunConfig(
+            name=cfg.run_name,
+            storage_path=storage if "://" in storage else str(Path(storage).absolute()),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            callbacks=callbacks or [],
+        ),
+    )
+
+
+def register_checkpoint(checkpoint, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
+    """Register the encoder held in a final Ray checkpoint; return its ``models:/`` URI."""
+    with checkpoint.as_directory() as d:
+        state = load_file(str(Path(d) / "model.safetensors"))
+    encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+    embed_dim = encoder_state["cls_token"].shape[-1]
+    return registry.register_encoder(run_id, encoder_state, encoder_config(cfg, embed_dim), cfg.registered_model,
+                                     tracking_uri)
+
+
+def _open_run(cfg: PretrainConfig, uri: str, config_text: str | None) -> str:
+    """The MLflow run id of a named run: the stored one when continuing, else a new run."""
+    meta = read_run_meta(cfg.storage_path, cfg.run_name)
+    if meta is None:
+        run_id = registry.create_run(cfg.experiment, cfg.run_name, cfg.to_dict(), {"ropim.kind": "pretrain"}, uri)
+        registry.log_text(run_id, config_text or json.dumps(cfg.to_dict(), indent=2), "config/pretrain.yaml", uri)
+        write_run_meta(cfg.storage_path, cfg.run_name, {"run_id": run_id, "config": cfg.to_dict()})
+        return run_id
+    stored = {k: v for k, v in meta["config"].items() if k not in RESUMABLE}
+    wanted = {k: v for k, v in cfg.to_dict().items() if k not in RESUMABLE}
+    if stored != wanted:
+        changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+        raise ConfigError(
+            f"run_name={cfg.run_name!r} already exists under {cfg.storage_path} with a different config "
+            f"({', '.join(changed)}); continue it with `ropim pretrain --resume {cfg.run_name}` or pick a new run_name"
+        )
+    registry.client(uri).update_run(meta["run_id"], status="RUNNING")
+    print(f"[pretrain] continuing run {cfg.run_name} (MLflow run {meta['run_id']})", flush=True)
+    return meta["run_id"]
+
+
+def resume_config(run_name: str, storage_path: str = "ray_results", **resumable) -> PretrainConfig:
+    """The stored config of run ``run_name``, trained to the end, with RESUMABLE fields replaced by ``resumable``."""
+    meta = read_run_meta(storage_path, run_name)
+    if meta is None:
+        raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
+    unknown = set(resumable) - set(RESUMABLE)
+    if unknown:
+        raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
+    return dataclasses.replace(PretrainConfig.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
+
+
+def pretrain(cfg: PretrainConfig, config_text: str | None = None, *,
+             train_loop: Callable[[dict], None] = train_loop_per_worker) -> PretrainResult:
+    """Validate, run (or continue) the TorchTrainer, register the final encoder; return its URI and the run id."""
+    import ray
 
     cfg.validate()
     n_train = len(build_dataset(cfg.data, "train", img_size=cfg.model.img_size))
@@ -210,41 +332,30 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None) -> PretrainRes
         raise ConfigError(f"global_batch_size={cfg.global_batch_size} exceeds the training split ({n_train} images)")
     uri = registry.tracking_uri()
     registry.check_tracking(uri)
-    run_name = cfg.run_name or f"pretrain-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = dataclasses.replace(cfg, run_name=run_name)
-    run_id = registry.create_run(cfg.experiment, run_name, cfg.to_dict(), {"ropim.kind": "pretrain"}, uri)
-    registry.log_text(run_id, config_text or json.dumps(cfg.to_dict(), indent=2), "config/pretrain.yaml", uri)
-    print(f"[pretrain] MLflow run {run_id} at {uri}", flush=True)
+    cfg = dataclasses.replace(cfg, run_name=cfg.run_name or f"pretrain-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_id = _open_run(cfg, uri, config_text)
+    print(f"[pretrain] run {cfg.run_name}: MLflow run {run_id} at {uri}", flush=True)
     started_ray = not ray.is_initialized()
     try:
         if started_ray:
             ray.init(include_dashboard=False)
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": uri},
-            scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
-            run_config=RunConfig(
-                name=run_name,
-                storage_path=str(Path(cfg.storage_path).absolute()),
-                checkpoint_config=CheckpointConfig(num_to_keep=2),
-            ),
-        )
-        result = trainer.fit()
-        with result.checkpoint.as_directory() as d:
-            state = load_file(os.path.join(d, "model.safetensors"))
-        encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
-        embed_dim = encoder_state["cls_token"].shape[-1]
-        encoder_uri = registry.register_encoder(
-            run_id, encoder_state, encoder_config(cfg, embed_dim), cfg.registered_model, uri
-        )
+        result = build_trainer(cfg, run_id, uri, train_loop=train_loop).fit()
+        metrics = dict(result.metrics or {})
+        encoder_uri = None
+        if metrics.get("epoch") == cfg.epochs:
+            encoder_uri = register_checkpoint(result.checkpoint, cfg, run_id, uri)
     except BaseException:
         registry.end_run(run_id, "FAILED", uri)
         raise
     finally:
         if started_ray:
             ray.shutdown()
-    registry.set_tags(run_id, {"ropim.encoder_uri": encoder_uri}, uri)
-    registry.end_run(run_id, "FINISHED", uri)
-    print(f"[pretrain] registered encoder {encoder_uri}", flush=True)
-    return PretrainResult(run_id, encoder_uri, result.checkpoint.path, dict(result.metrics or {}))
-
+    if encoder_uri is None:
+        registry.end_run(run_id, "KILLED", uri)
+        print(f"[pretrain] stopped after epoch {metrics.get('epoch')}/{cfg.epochs}; continue with "
+              f"`ropim pretrain --resume {cfg.run_name}`", flush=True)
+    else:
+        registry.set_tags(run_id, {"ropim.encoder_uri": encoder_uri}, uri)
+        registry.end_run(run_id, "FINISHED", uri)
+        print(f"[pretrain] registered encoder {encoder_uri}", flush=True)
+    return PretrainResult(run_id, encoder_uri, result.checkpoint.path, metrics)
