@@ -113,6 +113,14 @@ def corruption_columns(imgs: torch.Tensor, patch_size: int, corruption: Corrupti
     return cols
 
 
+def _to_device(corruption: Corruption, device: torch.device) -> Corruption:
+    """The corruption's tensors on ``device`` (a CPU generator may drive a GPU model's picture)."""
+    if corruption is None:
+        return None
+    moved = {f.name: getattr(corruption, f.name) for f in fields(corruption)}
+    return type(corruption)(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+
+
 def _titles(corruption: Corruption, n: int) -> tuple[str, ...]:
     kind = "mask" if isinstance(corruption, PatchMask) else "none" if corruption is None else "rop"
     return TITLES[kind][:n]
@@ -133,7 +141,7 @@ def reconstruction_grid(model: torch.nn.Module, imgs: torch.Tensor, generator: t
     try:
         device = next(model.parameters()).device
         imgs = imgs.to(device)
-        corruption = model.draw_corruption(imgs.shape[0], generator)
+        corruption = _to_device(model.draw_corruption(imgs.shape[0], generator), device)
         pred = model.reconstruct(imgs, corruption)
     finally:
         model.train(was_training)
@@ -154,7 +162,9 @@ def save_reconstruction_grid(model: torch.nn.Module, imgs: torch.Tensor, path: s
 def projection_grid(cfg: ModelConfig, imgs: torch.Tensor, generator: torch.Generator | None = None,
                     scale: int | None = None) -> Image.Image:
     """original | ΠX | (I−Π)X for the corruption in ``cfg`` (no weights needed): 3 columns."""
-    corruption = draw_corruption_for(cfg, imgs.shape[0], generator, imgs.device)
+    imgs = imgs.detach().cpu()
+    corruption = draw_corruption_for(cfg, imgs.shape[0], generator, generator.device if generator is not None else None)
+    corruption = _to_device(corruption, imgs.device)
     cols = corruption_columns(imgs, cfg.patch_size, corruption)
     return render_grid(cols, _titles(corruption, len(cols)), scale)
 
@@ -203,10 +213,11 @@ def token_errors(imgs: torch.Tensor, patch_size: int, rho: float = 0.25, mask_ra
     """
     b, _, h, _ = imgs.shape
     n = (h // patch_size) ** 2
-    x = patchify(imgs.float(), patch_size)
-    sketch = draw_sketch(b, n, rho, generator=generator, device=imgs.device, hashing=hashing)
+    device = generator.device if generator is not None else torch.device("cpu")
+    x = patchify(imgs.detach().float().to(device), patch_size)
+    sketch = draw_sketch(b, n, rho, generator=generator, device=device, hashing=hashing)
     n_masked = min(max(round(mask_ratio * n), 1), n - 1)
-    mask = draw_mask(b, h, patch_size, patch_size, n_masked, generator=generator, device=imgs.device)
+    mask = draw_mask(b, h, patch_size, patch_size, n_masked, generator=generator, device=device)
     rop = (sketch.project(x) - x).abs().mean(-1).reshape(-1).cpu().numpy()
     masked = (mask.project(x) - x).abs().mean(-1).reshape(-1).cpu().numpy()
     return TokenErrors(rop, masked, b, n, rho, mask_ratio, threshold)
