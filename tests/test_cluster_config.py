@@ -162,9 +162,9 @@ def test_per_node_type_min_above_max_is_caught_by_our_check_not_ray(cfg):
 # ------------------------------------------------------------------ what the file promises
 
 
-def test_head_runs_mlflow_on_loopback_with_database_store(cfg):
+def test_head_runs_mlflow_for_the_cluster_with_database_store(cfg):
     args = mlflow_server_args(cfg)
-    assert option(args, "--host") == "127.0.0.1"
+    assert option(args, "--host") == "0.0.0.0"  # workers' rank 0 logs to it; the security group keeps it inside
     assert option(args, "--port") == "5000"
     store = default_of(option(args, "--backend-store-uri") or "")
     assert store.split(":", 1)[0].split("+", 1)[0] in DB_SCHEMES, store
@@ -196,8 +196,8 @@ def test_head_starts_ray_with_jobs_pointed_at_mlflow(cfg):
     assert option(args, "--port") == "6379"
     assert option(args, "--dashboard-port") == "8265"
     assert option(args, "--autoscaling-config") == "~/ray_bootstrap_config.yaml"
-    tokens = shell_tokens(command)
-    assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in tokens[: tokens.index("ray")]
+    # the head's private IP, which the GPU workers can reach (127.0.0.1 there would be the worker itself)
+    assert "MLFLOW_TRACKING_URI=http://$(hostname -I | cut -d' ' -f1):5000;" in command
 
 
 def test_ports_are_documented_in_the_header():
