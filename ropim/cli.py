@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -69,7 +70,64 @@ def build_parser() -> ArgumentParser:
                                    "registered encoder, and the token-error histograms of Fig. 5, as PNGs."),
                        help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
     sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
+    sub.add_subcommand("sweep", ArgumentParser(description="Ray Tune + Optuna sweeps; see `ropim sweep --help`."),
+                       help="sweep rho / lr / epochs on Ray Tune (+ Optuna); register the best encoder")
+    data = ArgumentParser(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
+    sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
+    data_sub = data.add_subcommands(dest="action")
+    convert = _source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
+    convert.add_argument("dst", type=str, help="output folder or URI (s3://…)")
+    convert.add_argument("--shard-size", "--shard_size", type=int, default=1000, help="images per shard")
+    convert.add_argument("--shuffle", type=bool, default=True, help="write items in a seeded random order")
+    convert.add_argument("--seed", type=int, default=0, help="seed of that order")
+    data_sub.add_subcommand("convert", convert, help="SRC DST: write Parquet shards, resumable")
+    inspect = _source_parser("Print a source's format, images per split, classes and image sizes.")
+    inspect.add_argument("--sample", type=int, default=200, help="images whose sizes are read")
+    data_sub.add_subcommand("inspect", inspect, help="PATH: format, split sizes, classes, image sizes")
     return parser
+
+
+def _source_parser(description: str) -> ArgumentParser:
+    """SRC plus the DataConfig fields that say how to read it."""
+    from ropim.data import DataConfig
+
+    parser = ArgumentParser(description=description)
+    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
+    defaults = DataConfig()
+    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet"],
+                        default=defaults.format, help="source format (default: detect)")
+    parser.add_argument("--on-bad-image", "--on_bad_image", type=Literal["skip", "fail"],
+                        default=defaults.on_bad_image, help="undecodable images: skip (count, log) or fail")
+    parser.add_argument("--val-fraction", "--val_fraction", type=float, default=defaults.val_fraction,
+                        help="val share where the source has no split of its own")
+    parser.add_argument("--split-seed", "--split_seed", type=int, default=defaults.split_seed)
+    return parser
+
+
+def _run_data(ns) -> None:
+    """``ropim data convert|inspect``."""
+    from ropim.data import DataConfig
+
+    action = ns.action
+    if action is None:
+        raise SystemExit("ropim data: choose convert or inspect (see `ropim data --help`)")
+    args = ns[action]
+    cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
+                     split_seed=args.split_seed, on_bad_image=args.on_bad_image)
+    try:
+        if action == "convert":
+            from ropim.convert import convert
+
+            rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+            images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
+            print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
+                  f"bad images skipped {rep.bad_images}")
+        else:
+            from ropim.summary import format_summary, inspect_source
+
+            print(format_summary(inspect_source(cfg, args.sample)))
+    except (ConfigError, FileNotFoundError, OSError) as err:
+        raise SystemExit(f"ropim data {action}: {err}") from None
 
 
 def _config(ns, cls):
@@ -82,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``ropim`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "sweep":  # tune parses its own flags; its presets live in tune/, not ropim/presets
+        from tune.sweep import main as sweep_main
+
+        sweep_main(argv[argv.index("sweep") + 1:])
+        return
     if command == "demo" and not any(a.startswith(("--preset", "--config")) for a in argv):
         argv.insert(argv.index("demo") + 1, "--preset=digits_demo")
     if command:
@@ -92,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, path in presets().items():
             head = path.read_text().splitlines()[0].lstrip("# ")
             print(f"{name:<28} {head}")
+        return
+    if args.command == "data":
+        _run_data(args.data)
         return
     ns = parser.instantiate(args)[args.command]
     try:

@@ -1,12 +1,21 @@
-"""Data sources and transforms. Pure torch/torchvision/scikit-learn: no Ray, no MLflow.
+"""Data config, torch datasets over every source, and the transforms. No Ray, no MLflow.
 
-Built-in set ``digits``: scikit-learn's 1,797 real 8×8 handwritten digits (ships with the package,
-no download), upscaled to 32×32 and repeated to 3 channels, split into train/val with a seed.
+``DataConfig.source`` is ``"digits"`` (built-in: scikit-learn's 1,797 real 8×8 handwritten digits, upscaled
+to 32×32 RGB, split with a seed) or a path / glob / URI: an ImageFolder tree, a CIFAR-10/100 python folder, or
+Parquet shards (see ``ropim.sources`` for the layouts and the split rule). ``DataConfig.validate()`` checks the
+fields and that the source exists and holds images, raising one ConfigError before any expensive work.
+
+``build_dataset`` gives a map-style torch Dataset (for fine-tuning, kNN, small pretraining runs); cluster-scale
+pretraining streams through Ray Data instead (``ropim.ingest``). The torch Dataset finds a bad image when it
+decodes it: under ``on_bad_image="skip"`` it logs and counts it (``dataset.bad``) and returns the next decodable
+image of the split in its place, so ``len()`` stays fixed; ``ropim data convert`` drops bad images for good.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -15,28 +24,54 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from ropim.errors import ConfigError
+from ropim.sources import (  # noqa: F401 — re-exported: the data layer's public API
+    FORMATS,
+    BadImageError,
+    BadImages,
+    ImageList,
+    check_source,
+    decode_rgb,
+    is_uri,
+    load_digits,
+    open_source,
+    split_indices,
+    split_list,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-SOURCES = ("digits",)
+SOURCES = ("digits", "<path>")
 SPLITS = ("train", "val")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where images come from and how they are split."""
+    """Where images come from, how they are split, and what to do with undecodable ones."""
 
-    source: str = "digits"
+    source: str = "digits"  # "digits", or a folder / file / glob / URI (ImageFolder, CIFAR, Parquet)
+    format: Literal["auto", "digits", "imagefolder", "cifar", "parquet"] = "auto"
     val_fraction: float = 0.2  # used where the source has no split of its own
     split_seed: int = 0
+    on_bad_image: Literal["skip", "fail"] = "skip"
 
     def validate(self) -> DataConfig:
-        """Raise ConfigError naming the bad field and its fix."""
-        if self.source not in SOURCES:
-            raise ConfigError(f"data source={self.source!r}: unknown; choose one of {', '.join(SOURCES)}")
+        """Raise ConfigError naming the bad field or path and its fix (checks the source on disk, cheaply)."""
+        if self.format not in ("auto", *FORMATS):
+            raise ConfigError(f"data format={self.format!r}: unknown; choose auto or one of {', '.join(FORMATS)}")
+        if self.on_bad_image not in ("skip", "fail"):
+            raise ConfigError(f"data on_bad_image={self.on_bad_image!r}: choose skip or fail")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
+        if not self.source:
+            raise ConfigError("data source is empty; give 'digits' or a path to the images")
+        check_source(self)
         return self
+
+    def resolved(self) -> DataConfig:
+        """The same config with a local relative path made absolute (for Ray workers in another cwd)."""
+        if self.source == "digits" or is_uri(self.source):
+            return self
+        return replace(self, source=os.path.abspath(os.path.expanduser(self.source)))
 
 
 class ImageArrayDataset(Dataset):
@@ -53,32 +88,55 @@ class ImageArrayDataset(Dataset):
         return (self.transform(img) if self.transform else img), int(self.labels[i])
 
 
-def load_digits(size: int = 32) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """scikit-learn digits as uint8 (1797, size, size, 3) images, int64 labels, class names."""
-    from sklearn.datasets import load_digits as sk_digits
+class ImageListDataset(Dataset):
+    """(transformed image, label) pairs from any source's ``ImageList``, under the bad-image policy.
 
-    bunch = sk_digits()
-    x = torch.from_numpy(bunch.images).float().unsqueeze(1) * (255.0 / 16.0)  # (N, 1, 8, 8) in [0, 255]
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    x = x.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1)  # (N, 3, size, size)
-    return x.permute(0, 2, 3, 1).contiguous().numpy(), bunch.target.astype(np.int64), [str(d) for d in range(10)]
+    ``bad`` (a ``BadImages``) holds the count and first 20 paths of images skipped in this process.
+    """
+
+    def __init__(self, images: ImageList, transform=None, on_bad_image: str = "skip") -> None:
+        self.images, self.transform = images, transform
+        self.labels, self.classes, self.paths = images.labels, images.classes, images.paths
+        self.bad = BadImages(on_bad_image)
+        self._bad_idx: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        n = len(self.images)
+        for j in (k % n for k in range(i, i + n)):
+            if j in self._bad_idx:
+                continue
+            try:
+                img = decode_rgb(self.images.load(j))
+            except Exception as err:  # noqa: BLE001 — any read/decode failure makes the image bad
+                self._bad_idx.add(j)
+                self.bad.add(self.paths[j], err)
+                continue
+            return (self.transform(img) if self.transform else img), int(self.labels[j])
+        raise ConfigError(f"no decodable image among the {n} images of this split; check the files")
 
 
-def split_indices(n: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """A seeded random train/val partition of range(n)."""
-    perm = np.random.default_rng(seed).permutation(n)
-    n_val = max(1, round(n * val_fraction))
-    return {"val": np.sort(perm[:n_val]), "train": np.sort(perm[n_val:])}
+def count_images(cfg: DataConfig, split: str) -> int:
+    """Images in ``split`` without decoding any (bad files included; they are found when decoded)."""
+    return len(split_list(open_source(cfg), cfg, split))
 
 
-def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32) -> ImageArrayDataset:
-    """The ``split`` ('train' or 'val') of the configured source."""
+def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32) -> Dataset:
+    """The ``split`` ('train' or 'val') of the configured source as a torch Dataset.
+
+    ``img_size`` only sizes the built-in digits; other sources are resized by ``transform``. Every returned
+    dataset has ``labels`` (int64 array) and ``classes``.
+    """
     cfg.validate()
     if split not in SPLITS:
         raise ConfigError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
-    images, labels, classes = load_digits(img_size)
-    idx = split_indices(len(labels), cfg.val_fraction, cfg.split_seed)[split]
-    return ImageArrayDataset(images[idx], labels[idx], classes, transform)
+    src = open_source(cfg, img_size)
+    images = split_list(src, cfg, split)
+    if src.format == "digits":
+        return ImageArrayDataset(images.images, images.labels, images.classes, transform)
+    return ImageListDataset(images, transform, cfg.on_bad_image)
 
 
 def pretrain_transform(img_size: int) -> v2.Compose:
