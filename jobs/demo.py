@@ -1,4 +1,4 @@
-"""`ray job submit --working-dir . -- python jobs/demo.py [--preset NAME] [overrides]`: `ropim demo` as a Ray job."""
+"""`ropim demo` as a Ray job: `ray job submit --working-dir . -- python jobs/demo.py [--preset NAME] [overrides]`."""
 
 import sys
 

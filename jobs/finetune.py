@@ -1,4 +1,7 @@
-"""`ray job submit --working-dir . -- python jobs/finetune.py [--preset NAME] [overrides]`: `ropim finetune` as a Ray job."""
+"""`ropim finetune` as a Ray job.
+
+    ray job submit --working-dir . -- python jobs/finetune.py [--preset NAME] [overrides]
+"""
 
 import sys
 

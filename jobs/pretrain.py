@@ -1,4 +1,7 @@
-"""`ray job submit --working-dir . -- python jobs/pretrain.py [--preset NAME] [overrides]`: `ropim pretrain` as a Ray job."""
+"""`ropim pretrain` as a Ray job.
+
+    ray job submit --working-dir . -- python jobs/pretrain.py [--preset NAME] [overrides]
+"""
 
 import sys
 
