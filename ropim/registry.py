@@ -111,6 +111,12 @@ def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None)
     client(uri).log_text(run_id, text, artifact_file)
 
 
+def log_artifact(run_id: str, local_path: str | Path, artifact_path: str | None = None,
+                 uri: str | None = None) -> None:
+    """Upload a local file as a run artifact (under ``artifact_path``)."""
+    client(uri).log_artifact(run_id, str(local_path), artifact_path)
+
+
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
     """Mark the run FINISHED / FAILED / KILLED."""
     client(uri).set_terminated(run_id, status)

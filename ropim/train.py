@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 
@@ -61,6 +61,7 @@ class PretrainConfig:
     stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (resume later)
     max_steps_per_epoch: int | None = None  # cap for smoke runs
     eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
+    viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
     knn_k: int = 20
     log_every: int = 10  # steps between progress lines
     experiment: str = "ropim-pretrain"
@@ -110,6 +111,7 @@ def encoder_config(cfg: PretrainConfig, embed_dim: int) -> dict:
     return {
         "arch": m.arch, "img_size": m.img_size, "patch_size": m.patch_size, "in_chans": m.in_chans,
         "embed_dim": embed_dim, "depth": m.depth, "rho": m.rho, "corruption": m.corruption, "loss": m.loss,
+        "hashing": m.hashing, "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size,
         "epochs": cfg.epochs, "dataset": cfg.data.source, "timm_kwargs": encoder_kwargs(m),
     }
 
@@ -141,6 +143,21 @@ def knn_top1_of(encoder: torch.nn.Module, cfg: PretrainConfig) -> float:
     val = extract_features(encoder, build_dataset(cfg.data, "val", tf, size))
     encoder.train()
     return knn_top1(*train, *val, k=cfg.knn_k)
+
+
+def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tensor, epoch: int, seed: int,
+                 figure5: bool) -> None:
+    """Reconstruction grid of ``imgs`` (paper Figs. 3/6/7) and, once, the Figure-5 token errors, as PNG artifacts."""
+    from ropim import viz
+
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = Path(tmp) / f"reconstruction_epoch{epoch:04d}.png"
+        viz.save_reconstruction_grid(model, imgs, grid, torch.Generator().manual_seed(seed))
+        registry.log_artifact(run_id, grid, "pictures", tracking_uri)
+        if figure5:
+            fig = Path(tmp) / "token_errors.png"
+            viz.token_error_figure(viz.token_errors(imgs, model.cfg.patch_size), fig)
+            registry.log_artifact(run_id, fig, "pictures", tracking_uri)
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -184,6 +201,10 @@ def train_loop_per_worker(config: dict) -> None:
     scheduler.step_update(step)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
     last_epoch = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs, start_epoch + cfg.stop_after_epochs)
+    if rank == 0 and cfg.viz_every:
+        from ropim.viz import validation_images
+
+        viz_imgs = validation_images(cfg.data, cfg.model.img_size)  # the same few val images every time
 
     for epoch in range(start_epoch, last_epoch):
         sampler.set_epoch(epoch)
@@ -237,6 +258,8 @@ def train_loop_per_worker(config: dict) -> None:
             metrics["knn_top1"] = knn_top1_of(model.encoder, cfg)
         if rank == 0:
             registry.log_metrics(run_id, {k: v for k, v in metrics.items() if k != "epoch"}, epoch + 1, tracking)
+            if cfg.viz_every and ((epoch + 1) % cfg.viz_every == 0 or epoch + 1 == cfg.epochs):
+                log_pictures(run_id, tracking, model, viz_imgs, epoch + 1, cfg.seed, figure5=epoch + 1 == cfg.epochs)
         save = epoch + 1 == last_epoch or (epoch + 1) % cfg.checkpoint_every == 0
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
@@ -280,9 +303,13 @@ def build_trainer(cfg: PretrainConfig, run_id: str, tracking_uri: str, *,
 
 
 def register_checkpoint(checkpoint, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
-    """Register the encoder held in a final Ray checkpoint; return its ``models:/`` URI."""
+    """Register the encoder held in a final Ray checkpoint (decoder logged beside it); return its URI."""
     with checkpoint.as_directory() as d:
         state = load_file(str(Path(d) / "model.safetensors"))
+        decoder = {k: v for k, v in state.items() if not k.startswith("encoder.")}
+        with tempfile.TemporaryDirectory() as tmp:
+            save_file(decoder, str(Path(tmp) / "decoder.safetensors"))
+            registry.log_artifact(run_id, Path(tmp) / "decoder.safetensors", "decoder", tracking_uri)
     encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
     embed_dim = encoder_state["cls_token"].shape[-1]
     return registry.register_encoder(run_id, encoder_state, encoder_config(cfg, embed_dim), cfg.registered_model,

@@ -64,6 +64,9 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
     history = c.get_metric_history(result.run_id, "loss")
     assert [m.step for m in history] == [1, 2] and all(np.isfinite(m.value) for m in history)
     assert {a.path for a in c.list_artifacts(result.run_id, "config")} == {"config/pretrain.yaml"}
+    pictures = {a.path for a in c.list_artifacts(result.run_id, "pictures")}
+    assert pictures == {"pictures/reconstruction_epoch0002.png", "pictures/token_errors.png"}
+    assert {a.path for a in c.list_artifacts(result.run_id, "decoder")} == {"decoder/decoder.safetensors"}
     name, version = registry.resolve_version(result.encoder_uri)
     tags = c.get_model_version(name, version).tags
     assert tags["rho"] == str(1 / 7) and tags["dataset"] == "digits" and tags["run_id"] == result.run_id
