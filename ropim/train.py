@@ -25,12 +25,13 @@ from timm.scheduler import CosineLRScheduler
 
 from ropim import registry
 from ropim.checkpoint import load_checkpoint, read_run_meta, save_checkpoint, write_run_meta
-from ropim.data import DataConfig, build_dataset, eval_transform, pretrain_transform
+from ropim.data import DataConfig, build_dataset, count_images, eval_transform, pretrain_transform
 from ropim.errors import ConfigError
 from ropim.model import ROPIM, ModelConfig, encoder_kwargs
 
 log = logging.getLogger("ropim.train")
 PRECISIONS = ("fp32", "bf16", "fp16")
+INGESTS = ("torch", "ray_data")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
 
@@ -53,7 +54,8 @@ class PretrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
     num_workers: int = 2
     use_gpu: bool = False
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = 1.0  # with ingest=ray_data leave CPUs to Ray Data: 0.5 for 2 workers on 2 CPUs
+    ingest: str = "torch"  # torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded
     seed: int = 0
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
     keep_checkpoints: int = 2
@@ -85,6 +87,8 @@ class PretrainConfig:
             raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.ingest not in INGESTS:
+            raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.precision == "fp16" and not self.use_gpu:
             raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
         return self
@@ -187,11 +191,25 @@ def train_loop_per_worker(config: dict) -> None:
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
 
     micro_batch = cfg.global_batch_size // (world * cfg.accum_steps)
-    dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
-    loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=True)
-    steps_per_epoch = len(loader) // cfg.accum_steps
+    if cfg.ingest == "ray_data":
+        from ropim.ingest import iter_epoch
+
+        shard = ray.train.get_dataset_shard("train")  # an equal split: every worker gets as many batches
+        steps_per_epoch = config["n_train"] // world // micro_batch // cfg.accum_steps
+
+        def epoch_batches(epoch: int):
+            return iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=rank)
+    else:
+        dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed,
+                                     drop_last=True)
+        loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
+        loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=True)
+        steps_per_epoch = len(loader) // cfg.accum_steps
+
+        def epoch_batches(epoch: int):
+            sampler.set_epoch(epoch)
+            return iter(loader)
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
@@ -207,52 +225,61 @@ def train_loop_per_worker(config: dict) -> None:
         viz_imgs = validation_images(cfg.data, cfg.model.img_size)  # the same few val images every time
 
     for epoch in range(start_epoch, last_epoch):
-        sampler.set_epoch(epoch)
         torch.manual_seed(_seed(cfg.seed, epoch, rank))  # augmentation and drop path
         ddp_model.train()
         loss_sum, n_seen, t0 = torch.zeros((), device=device), 0, time.perf_counter()
-        batches = iter(loader)
-        for i in range(steps_per_epoch):
-            generator = sketch_generator(cfg.seed, step, rank, device)
-            for micro in range(cfg.accum_steps):
-                imgs, _ = next(batches)
-                sync = micro + 1 == cfg.accum_steps or world == 1
-                with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
-                        torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss, _, _ = ddp_model(imgs, generator)
-                    scaled = loss / cfg.accum_steps
-                    (scaler.scale(scaled) if scaler else scaled).backward()
-                loss_sum += loss.detach().float() / cfg.accum_steps
-                n_seen += imgs.shape[0]
-            if scaler:
-                scaler.unscale_(optimizer)
-            if cfg.clip_grad:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            scheduler.step_update(step)
-            if rank == 0 and (step % cfg.log_every == 0 or i + 1 == steps_per_epoch):
-                rate = n_seen * world / (time.perf_counter() - t0)
-                eta = (total_steps - step) * cfg.global_batch_size / rate
-                # logging, not print: Ray Train's print patch would echo each line twice
-                log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} step {step}/{total_steps} "
-                         f"loss {loss.item():.4f} {rate:.1f} img/s ETA {eta / 60:.1f} min")
+        batches = epoch_batches(epoch)
+        done = 0
+        try:
+            for i in range(steps_per_epoch):
+                generator = sketch_generator(cfg.seed, step, rank, device)
+                for micro in range(cfg.accum_steps):
+                    imgs, _ = next(batches)
+                    sync = micro + 1 == cfg.accum_steps or world == 1
+                    with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
+                            torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                        loss, _, _ = ddp_model(imgs, generator)
+                        scaled = loss / cfg.accum_steps
+                        (scaler.scale(scaled) if scaler else scaled).backward()
+                    loss_sum += loss.detach().float() / cfg.accum_steps
+                    n_seen += imgs.shape[0]
+                if scaler:
+                    scaler.unscale_(optimizer)
+                if cfg.clip_grad:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                done += 1
+                scheduler.step_update(step)
+                if rank == 0 and (step % cfg.log_every == 0 or i + 1 == steps_per_epoch):
+                    rate = n_seen * world / (time.perf_counter() - t0)
+                    eta = (total_steps - step) * cfg.global_batch_size / rate
+                    # logging, not print: Ray Train's print patch would echo each line twice
+                    log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} step {step}/{total_steps} "
+                             f"loss {loss.item():.4f} {rate:.1f} img/s ETA {eta / 60:.1f} min")
+        except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
+            pass
         epoch_time = time.perf_counter() - t0
-        stats = torch.tensor([loss_sum.item() / steps_per_epoch, n_seen, epoch_time, peak_memory_mb(device)])
+        bad = getattr(getattr(dataset, "bad", None), "count", 0) if cfg.ingest == "torch" else 0
+        stats = torch.tensor([loss_sum.item() / max(done, 1), n_seen, epoch_time, peak_memory_mb(device), bad])
         if world > 1:
             gathered = [torch.zeros_like(stats) for _ in range(world)]
             torch.distributed.all_gather(gathered, stats.to(device) if device.type == "cuda" else stats)
             g = torch.stack([t.cpu() for t in gathered])
-            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max()])
+            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].sum()])
+        if cfg.ingest == "ray_data" and config.get("bad_images") is not None:
+            from ropim.ingest import bad_image_summary
+
+            stats[4] = bad_image_summary(config["bad_images"])["count"]
         metrics = {
             "loss": stats[0].item(), "lr": optimizer.param_groups[0]["lr"],
             "img_per_s": stats[1].item() / stats[2].item(), "epoch_time_s": stats[2].item(),
-            "peak_mem_mb": stats[3].item(), "epoch": epoch + 1, "step": step,
+            "peak_mem_mb": stats[3].item(), "bad_images": stats[4].item(), "epoch": epoch + 1, "step": step,
         }
         if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             metrics["knn_top1"] = knn_top1_of(model.encoder, cfg)
@@ -287,9 +314,19 @@ def build_trainer(cfg: PretrainConfig, run_id: str, tracking_uri: str, *,
     from ray.train.torch import TorchTrainer
 
     storage = storage_path or cfg.storage_path
+    loop_config = {"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri,
+                   "n_train": count_images(cfg.data, "train")}
+    datasets = None
+    if cfg.ingest == "ray_data":
+        from ropim.ingest import build_ray_dataset, new_bad_image_counter
+
+        loop_config["bad_images"] = new_bad_image_counter()
+        datasets = {"train": build_ray_dataset(cfg.data, "train", cfg.model.img_size, shuffle_seed=cfg.seed,
+                                               bad_images=loop_config["bad_images"])}
     return TorchTrainer(
         train_loop,
-        train_loop_config={"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri},
+        train_loop_config=loop_config,
+        datasets=datasets,
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cfg.cpus_per_worker}),
         run_config=RunConfig(
@@ -354,7 +391,7 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None, *,
     import ray
 
     cfg.validate()
-    n_train = len(build_dataset(cfg.data, "train", img_size=cfg.model.img_size))
+    n_train = count_images(cfg.data, "train")
     if n_train < cfg.global_batch_size:
         raise ConfigError(f"global_batch_size={cfg.global_batch_size} exceeds the training split ({n_train} images)")
     uri = registry.tracking_uri()

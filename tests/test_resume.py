@@ -115,3 +115,17 @@ def test_interrupted_checkpoint_write_keeps_previous_latest(tmp_path, straight):
     assert restored.read_text() == "0"  # resumed from epoch 1's checkpoint, not the half-written one
     assert result.metrics["step"] == straight.metrics["step"]
     assert read_run_meta(TINY.storage_path, "interrupted")["run_id"] == result.run_id
+
+
+def test_pretrain_reads_parquet_through_ray_data_with_two_workers_on_two_cpus(tmp_path):
+    from ropim.convert import convert
+    from ropim.data import DataConfig
+
+    shards = tmp_path / "digits-parquet"
+    convert(DataConfig(source="digits"), str(shards), shard_size=400, progress=False)
+    cfg = dataclasses.replace(TINY, run_name="ray-data", ingest="ray_data", cpus_per_worker=0.5, epochs=2,
+                              data=DataConfig(source=str(shards)))
+    result = pretrain(cfg)
+    assert result.metrics["step"] == 4 and result.encoder_uri is not None
+    history = _history(result.run_id, "bad_images")
+    assert [v for _, v in history] == [0.0, 0.0]
