@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
+from ropim.augment import IMAGENET_MEAN, IMAGENET_STD, augment, normalize, resize
 from ropim.errors import ConfigError
 from ropim.sources import (  # noqa: F401 — re-exported: the data layer's public API
     FORMATS,
@@ -38,8 +38,9 @@ from ropim.sources import (  # noqa: F401 — re-exported: the data layer's publ
     split_list,
 )
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "BadImageError", "DataConfig", "ImageArrayDataset", "ImageListDataset",
+           "build_dataset", "check_source", "count_images", "eval_transform", "load_digits", "pretrain_transform",
+           "split_indices"]
 SOURCES = ("digits", "<path>")
 SPLITS = ("train", "val")
 
@@ -139,22 +140,39 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 3
     return ImageListDataset(images, transform, cfg.on_bad_image)
 
 
-def pretrain_transform(img_size: int) -> v2.Compose:
+def _torch_uniform() -> float:
+    return torch.rand(()).item()
+
+
+class PretrainTransform:
+    """PIL image → float32 (3, size, size): the paper's RandomResizedCrop(0.67–1, 3/4–4/3) + flip + normalize.
+
+    The same functions as Ray Data's decode step (``ropim.augment``); randomness from torch's RNG, so
+    ``torch.manual_seed`` and DataLoader worker seeding apply.
+    """
+
+    def __init__(self, img_size: int) -> None:
+        self.img_size = img_size
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        return torch.from_numpy(normalize(augment(img.convert("RGB"), self.img_size, _torch_uniform)))
+
+
+class EvalTransform:
+    """PIL image → float32 (3, size, size): resize (antialiased bilinear) and normalize, no randomness."""
+
+    def __init__(self, img_size: int) -> None:
+        self.img_size = img_size
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        return torch.from_numpy(normalize(resize(img.convert("RGB"), self.img_size)))
+
+
+def pretrain_transform(img_size: int) -> PretrainTransform:
     """The paper's pretraining augmentation: RandomResizedCrop(0.67–1, 3/4–4/3), flip, normalize."""
-    return v2.Compose([
-        v2.PILToTensor(),
-        v2.RandomResizedCrop(img_size, scale=(0.67, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return PretrainTransform(img_size)
 
 
-def eval_transform(img_size: int) -> v2.Compose:
+def eval_transform(img_size: int) -> EvalTransform:
     """Resize and normalize, no randomness."""
-    return v2.Compose([
-        v2.PILToTensor(),
-        v2.Resize((img_size, img_size), antialias=True),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
+    return EvalTransform(img_size)

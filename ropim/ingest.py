@@ -23,7 +23,14 @@ blocks of in-memory sources with ``randomize_block_order(RandomSeedConfig(seed, 
 seed from ``seed`` and its execution index. (2) Rows are mixed within a local shuffle buffer on each worker,
 seeded from (``seed``, ``epoch``, ``rank``) by ``iter_epoch`` — explicit, so a resumed run reshuffles its
 remaining epochs as the original would have. Orders are reproducible up to Ray's streaming split, which hands
-blocks to whichever worker asks first. Crop/flip randomness comes from each task's torch RNG (not seeded).
+blocks to whichever worker asks first. Crop/flip randomness is fresh in every task (not seeded).
+
+**Start-up.** Decode tasks import this module, ``ropim.sources`` and ``ropim.augment`` only — no torch —
+because a fresh Ray worker importing torch + torchvision took 7–17 s here, paid again whenever Ray
+recycles idle workers between epochs.
+
+**Decode tasks** ask for ``DECODE_TASK_CPUS`` = 0.5 logical CPU each, so that two run at once on a small
+machine (with 1-CPU tasks Ray Data ran one at a time on 2 CPUs); pass ``num_cpus=1`` on large nodes.
 
 **Bad images.** The map step decodes every image; undecodable ones are dropped (``on_bad_image="skip"``, so a
 batch may shrink — ``iter_torch_batches`` re-batches) and reported to an optional ``BadImageCounter`` actor
@@ -35,21 +42,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 import ray.data
-import torch
 from ray.data import FileShuffleConfig, RandomSeedConfig
 
-from ropim.data import DataConfig, eval_transform, pretrain_transform
+from ropim.augment import augment as augment_image
+from ropim.augment import normalize, resize
 from ropim.errors import ConfigError
 from ropim.sources import ArrayList, BadImages, FileList, in_val, open_source, split_list, try_decode
 
+if TYPE_CHECKING:  # no torch at import time: decode workers import this module (see ropim.augment)
+    import torch
+
+    from ropim.data import DataConfig
+
 SMALL_MACHINE_RESOURCES_PER_WORKER = {"CPU": 0.5}  # 2 train workers on 2 CPUs: 1 CPU left for Ray Data
+# Logical CPUs per decode task. Ray Data keeps about one logical CPU to its other operators (read), so on
+# 2 CPUs 1-CPU decode tasks run one at a time; half-CPU tasks run two (measured on 2 cores: ~1,150 vs
+# ~1,900 img/s). On large nodes pass num_cpus=1 to keep one decode process per core.
+DECODE_TASK_CPUS = 0.5
 BLOCK_ROWS = 500  # rows per decode task's input block (Parquet: streaming repartition; others: from_arrow)
 
 
@@ -90,11 +106,6 @@ def bad_image_summary(counter) -> dict:
     return ray.get(counter.summary.remote())
 
 
-@lru_cache(maxsize=8)
-def _transform(img_size: int, augment: bool):
-    return pretrain_transform(img_size) if augment else eval_transform(img_size)
-
-
 def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, policy: str = "skip",
                  keep_val: bool | None = None, split_seed: int = 0, val_fraction: float = 0.2,
                  raw_shape: tuple[int, int, int] | None = None, counter=None) -> dict[str, np.ndarray]:
@@ -122,7 +133,7 @@ def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, 
     if keep_val is not None:
         keys = [p if p is not None else bytes(load(i)) for i, p in enumerate(paths)]
         rows = rows[in_val(keys, split_seed, val_fraction) == keep_val]
-    tf, bad, bad_paths = _transform(img_size, augment), BadImages(policy), []
+    rng, bad, bad_paths = np.random.default_rng(), BadImages(policy), []
     images, labels = [], []
     for i in rows:
         name = paths[i] or (str(batch["file"][i]) if "file" in batch else f"row {i}")
@@ -130,12 +141,12 @@ def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, 
         if img is None:
             bad_paths.append(name)
             continue
-        images.append(tf(img).numpy())
+        images.append(augment_image(img, img_size, rng.random) if augment else resize(img, img_size))
         labels.append(batch["label"][i])
     if bad_paths and counter is not None:
         ray.get(counter.add.remote(bad_paths))  # rare; waiting keeps the count current for the reader
-    out = np.stack(images) if images else np.zeros((0, 3, img_size, img_size), np.float32)
-    return {"image": out.astype(np.float32, copy=False), "label": np.asarray(labels, dtype=np.int64)}
+    out = normalize(np.stack(images)) if images else np.zeros((0, 3, img_size, img_size), np.float32)
+    return {"image": out, "label": np.asarray(labels, dtype=np.int64)}
 
 
 def _memory_blocks(images, shuffle_seed: int | None) -> list[pa.Table]:
@@ -157,14 +168,16 @@ def _memory_blocks(images, shuffle_seed: int | None) -> list[pa.Table]:
 
 def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augment: bool | None = None,
                       shuffle_seed: int | None = 0, bad_images=None, map_batch_size: int = 64,
-                      num_cpus: float = 1.0) -> ray.data.Dataset:
+                      num_cpus: float = DECODE_TASK_CPUS) -> ray.data.Dataset:
     """``split`` of the source as a Ray Dataset of {"image": float32 (B, 3, H, W) normalized, "label": int64}.
 
-    ``augment`` (default: split == "train") applies ``pretrain_transform`` (the paper's crop + flip), else
-    ``eval_transform``. ``shuffle_seed``: per-epoch seeded input order (None: source order, for eval).
-    ``bad_images``: a ``new_bad_image_counter()`` handle to count skipped images. ``num_cpus`` per decode
-    task. Needs Ray initialised (``ray.init`` or inside a Ray job); call ``cfg.validate()`` first for errors
-    before Ray starts. Listing happens here, on the driver; images are read and decoded in Ray tasks.
+    ``augment`` (default: split == "train") applies the paper's crop + flip (``ropim.augment``, the same as
+    ``pretrain_transform``), else a resize as ``eval_transform``. ``shuffle_seed``: per-epoch seeded input
+    order (None: source order, for eval).
+    ``bad_images``: a ``new_bad_image_counter()`` handle to count skipped images. ``num_cpus``: logical CPUs
+    per decode task (see ``DECODE_TASK_CPUS``). Needs Ray initialised (``ray.init`` or inside a Ray job);
+    call ``cfg.validate()`` first for errors before Ray starts. Listing happens here, on the driver; images
+    are read and decoded in Ray tasks.
     """
     if split not in ("train", "val"):
         raise ConfigError(f"split={split!r}: choose train or val")
@@ -208,6 +221,8 @@ def iter_epoch(shard, batch_size: int, epoch: int, *, seed: int = 0, rank: int =
     0 = off) seeded by ``epoch_seed(seed, epoch, rank)``. ``device="auto"`` puts batches on the Train
     worker's device.
     """
+    import torch
+
     buffer = 4 * batch_size if shuffle_buffer is None else shuffle_buffer
     batches = shard.iter_torch_batches(
         batch_size=batch_size, drop_last=True, device=device,

@@ -23,7 +23,7 @@ from PIL import Image
 from ropim import convert as convert_mod
 from ropim.cli import main as cli_main
 from ropim.convert import convert
-from ropim.data import DataConfig, build_dataset, count_images, eval_transform
+from ropim.data import DataConfig, build_dataset, count_images, eval_transform, pretrain_transform
 from ropim.errors import ConfigError
 from ropim.sources import BadImageError, decode_rgb, open_source, split_list
 from ropim.summary import inspect_source
@@ -205,6 +205,25 @@ def test_parquet_own_split_glob_uri_and_class_names(parquet_set, tmp_path):
     assert not src.own_split and src.classes == ["a", "b", "c"]
     assert sorted(train.paths + val.paths) == sorted(r[2] for r in rows["train"]) and 3 <= len(val) <= 18
     assert split_list(src, DataConfig(str(flat), val_fraction=0.25, split_seed=3), "val").paths == val.paths
+
+
+def test_augmentation_matches_torchvision_resize_and_crop_rule():
+    from torchvision.transforms import v2
+
+    from ropim.augment import CROP_RATIO, IMAGENET_MEAN, IMAGENET_STD, crop_box
+
+    img = Image.fromarray(_pixels(30, 40, 1))
+    ref = v2.Compose([v2.PILToTensor(), v2.Resize((24, 24), antialias=True), v2.ToDtype(torch.float32, scale=True),
+                      v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    assert torch.allclose(eval_transform(24)(img), ref(img), atol=0.02)  # within one grey level
+    rng = np.random.default_rng(0)
+    boxes = np.array([crop_box(40, 30, rng.random) for _ in range(2000)])
+    assert (boxes[:, :2] >= 0).all()
+    assert (boxes[:, 0] + boxes[:, 2] <= 40).all() and (boxes[:, 1] + boxes[:, 3] <= 30).all()
+    area, ratio = boxes[:, 2] * boxes[:, 3] / 1200, boxes[:, 2] / boxes[:, 3]
+    assert area.min() > 0.6 and area.max() <= 1 and ratio.min() > 0.72 and ratio.max() < CROP_RATIO[1] + 0.05
+    x = pretrain_transform(16)(img)
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------------- convert and inspect

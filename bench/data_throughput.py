@@ -1,0 +1,142 @@
+"""Images/s decoded + augmented from Parquet: Ray Data (``ropim.ingest``) vs a plain torch DataLoader.
+
+Both read the same shards (default ``/work/shared/datasets/cifar10``), decode with ``ropim.sources.decode_rgb``
+and apply the same ``pretrain_transform`` (RandomResizedCrop 0.67–1 + flip + normalize), on the same number of
+cores ``--cpus``:
+
+* ``torch``    — ``build_dataset(cfg, "train", pretrain_transform)`` in a ``DataLoader(num_workers=cpus,
+                 shuffle=True)``; the encoded bytes are held in memory by each worker.
+* ``ray``      — ``build_ray_dataset(cfg, "train")`` (read_parquet → 500-row blocks → map_batches decode) on a
+                 local Ray started with ``num_cpus=cpus``, consumed with ``iter_epoch`` (iter_torch_batches,
+                 local shuffle buffer) in the driver.
+* ``1 core``   — the same decode + transform in this process, one thread: the per-core cost for reference.
+
+Each pipeline is timed from its first batch to ``--images`` images (start-up, i.e. spawning workers and the
+first batch, reported separately). Repeats interleave torch, ray, torch, ray, … and the median is reported.
+Results: a table on stdout and JSON (default ``bench/results/data_throughput.json``). The issue's target:
+ray ≥ 0.8 × torch. On a shared machine the absolute rates move with the load; the load average is recorded.
+
+    .venv/bin/python bench/data_throughput.py [--data PATH] [--images 8000] [--repeats 2] [--cpus 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from ropim.data import DataConfig, build_dataset, pretrain_transform
+from ropim.sources import decode_rgb, open_source, split_list
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data_throughput.json"
+TARGET = 0.8
+
+
+def _timed(batches, n_images: int) -> dict:
+    """Consume ``batches`` (yielding (images, labels)) until n_images; time start-up and steady rate."""
+    t0 = time.perf_counter()
+    seen, t_first = 0, None
+    for images, _ in batches:
+        if t_first is None:
+            t_first, first = time.perf_counter(), len(images)
+        seen += len(images)
+        if seen >= n_images:
+            break
+    t_end = time.perf_counter()
+    steady = seen - first
+    return {"images": seen, "startup_s": t_first - t0, "steady_s": t_end - t_first,
+            "img_per_s": steady / (t_end - t_first), "img_per_s_incl_startup": seen / (t_end - t0)}
+
+
+def run_torch(cfg: DataConfig, img_size: int, batch_size: int, cpus: int, n_images: int, seed: int) -> dict:
+    dataset = build_dataset(cfg, "train", pretrain_transform(img_size), img_size)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=cpus,
+                        generator=torch.Generator().manual_seed(seed))
+    return _timed(iter(loader), n_images)
+
+
+def run_ray(cfg: DataConfig, img_size: int, batch_size: int, n_images: int, seed: int) -> dict:
+    from ropim.ingest import build_ray_dataset, iter_epoch
+
+    ds = build_ray_dataset(cfg, "train", img_size, shuffle_seed=seed)
+    return _timed(iter_epoch(ds, batch_size, epoch=seed, seed=seed, device="cpu"), n_images)
+
+
+def run_one_core(cfg: DataConfig, img_size: int, n: int = 1000) -> dict:
+    torch.set_num_threads(1)
+    images = split_list(open_source(cfg), cfg, "train", cache_files=1)
+    data = [images.load(i) for i in range(min(n, len(images)))]
+    tf = pretrain_transform(img_size)
+    t0 = time.perf_counter()
+    decoded = [decode_rgb(d) for d in data]
+    t1 = time.perf_counter()
+    for img in decoded:
+        tf(img)
+    t2 = time.perf_counter()
+    return {"images": len(data), "decode_us": 1e6 * (t1 - t0) / len(data), "transform_us": 1e6 * (t2 - t1) / len(data),
+            "img_per_s": len(data) / (t2 - t0)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default="/work/shared/datasets/cifar10")
+    p.add_argument("--images", type=int, default=8000, help="images per timed run")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--img-size", type=int, default=32)
+    p.add_argument("--cpus", type=int, default=2, help="DataLoader workers = Ray's num_cpus")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args()
+
+    import ray
+
+    cfg = DataConfig(args.data).resolved().validate()
+    load_before = os.getloadavg()
+    one_core = run_one_core(cfg, args.img_size)
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    runs = {"torch": [], "ray": []}
+    try:
+        for r in range(args.repeats):
+            runs["torch"].append(run_torch(cfg, args.img_size, args.batch_size, args.cpus, args.images, r))
+            runs["ray"].append(run_ray(cfg, args.img_size, args.batch_size, args.images, r))
+            print(f"repeat {r + 1}/{args.repeats}: torch {runs['torch'][-1]['img_per_s']:.0f} img/s, "
+                  f"ray {runs['ray'][-1]['img_per_s']:.0f} img/s", flush=True)
+    finally:
+        ray.shutdown()
+    load_after = os.getloadavg()
+
+    summary = {k: {m: statistics.median(r[m] for r in v) for m in ("img_per_s", "img_per_s_incl_startup", "startup_s")}
+               for k, v in runs.items()}
+    ratio = summary["ray"]["img_per_s"] / summary["torch"]["img_per_s"]
+    print(f"\nParquet {args.data}: {args.images} images/run, batch {args.batch_size}, {args.img_size}², "
+          f"{args.cpus} CPUs, median of {args.repeats}")
+    print(f"{'pipeline':<22}{'img/s':>10}{'incl. start-up':>16}{'start-up s':>12}")
+    for name, label in (("torch", "torch DataLoader"), ("ray", "Ray Data")):
+        s = summary[name]
+        print(f"{label:<22}{s['img_per_s']:>10.0f}{s['img_per_s_incl_startup']:>16.0f}{s['startup_s']:>12.1f}")
+    print(f"{'1 core, in-process':<22}{one_core['img_per_s']:>10.0f}   (decode {one_core['decode_us']:.0f} µs + "
+          f"augment {one_core['transform_us']:.0f} µs per image)")
+    print(f"Ray Data / DataLoader: {ratio:.2f}× (target ≥ {TARGET}×)  — load average {load_before[0]:.1f} → "
+          f"{load_after[0]:.1f} on {os.cpu_count()} cores (shared machine)")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "data": args.data, "images_per_run": args.images, "batch_size": args.batch_size, "img_size": args.img_size,
+        "cpus": args.cpus, "repeats": args.repeats, "runs": runs, "median": summary, "one_core": one_core,
+        "ray_over_torch": ratio, "target": TARGET,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "ray": ray.__version__, "loadavg_before": load_before, "loadavg_after": load_after},
+    }, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
