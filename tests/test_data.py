@@ -401,6 +401,10 @@ def test_ray_dataset_decodes_every_format_and_counts_bad_images(ray_session, fol
     n = sum(len(b["label"]) for s in ("train", "val")
             for b in build_ray_dataset(cfg, s, 16, bad_images=counter).iter_batches(batch_size=None))
     assert n == len(good) and bad_image_summary(counter) == {"count": 1, "paths": [broken]}
+    fail = DataConfig(str(froot), val_fraction=0.5, split_seed=1, on_bad_image="fail")
+    with pytest.raises(Exception, match="broken.jpg: cannot decode image"):  # fails fast: no retries
+        for s in ("train", "val"):
+            build_ray_dataset(fail, s, 16).take_all()
 
 
 def test_two_worker_trainer_reads_parquet_through_ray_data_on_two_cpus(ray_session, parquet_set, tmp_path):
