@@ -229,12 +229,14 @@ def train_loop_per_worker(config: dict) -> None:
         ddp_model.train()
         loss_sum, n_seen, t0 = torch.zeros((), device=device), 0, time.perf_counter()
         batches = epoch_batches(epoch)
-        done = 0
+        done, wait = 0, 0.0
         try:
             for i in range(steps_per_epoch):
                 generator = sketch_generator(cfg.seed, step, rank, device)
                 for micro in range(cfg.accum_steps):
+                    t_wait = time.perf_counter()
                     imgs, _ = next(batches)
+                    wait += time.perf_counter() - t_wait
                     sync = micro + 1 == cfg.accum_steps or world == 1
                     with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
                             torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
@@ -266,12 +268,14 @@ def train_loop_per_worker(config: dict) -> None:
             pass
         epoch_time = time.perf_counter() - t0
         bad = getattr(getattr(dataset, "bad", None), "count", 0) if cfg.ingest == "torch" else 0
-        stats = torch.tensor([loss_sum.item() / max(done, 1), n_seen, epoch_time, peak_memory_mb(device), bad])
+        stats = torch.tensor([loss_sum.item() / max(done, 1), n_seen, epoch_time, peak_memory_mb(device), bad,
+                              wait / epoch_time])
         if world > 1:
             gathered = [torch.zeros_like(stats) for _ in range(world)]
             torch.distributed.all_gather(gathered, stats.to(device) if device.type == "cuda" else stats)
             g = torch.stack([t.cpu() for t in gathered])
-            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].sum()])
+            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].sum(),
+                                  g[:, 5].mean()])
         if cfg.ingest == "ray_data" and config.get("bad_images") is not None:
             from ropim.ingest import bad_image_summary
 
@@ -279,7 +283,8 @@ def train_loop_per_worker(config: dict) -> None:
         metrics = {
             "loss": stats[0].item(), "lr": optimizer.param_groups[0]["lr"],
             "img_per_s": stats[1].item() / stats[2].item(), "epoch_time_s": stats[2].item(),
-            "peak_mem_mb": stats[3].item(), "bad_images": stats[4].item(), "epoch": epoch + 1, "step": step,
+            "peak_mem_mb": stats[3].item(), "bad_images": stats[4].item(), "data_wait_share": stats[5].item(),
+            "epoch": epoch + 1, "step": step,
         }
         if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             metrics["knn_top1"] = knn_top1_of(model.encoder, cfg)
