@@ -1,0 +1,8 @@
+"""`ray job submit --working-dir . -- python jobs/sweep.py [--preset NAME] [flags] [overrides]`: `ropim sweep` as a Ray job."""
+
+import sys
+
+from tune.sweep import main
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

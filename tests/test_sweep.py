@@ -1,0 +1,249 @@
+"""Sweeps on Ray Tune: a rho grid and an interrupted TPE sweep (tiny model, 1 CPU worker per trial), the
+parent/child MLflow runs, table and plot artifacts, the registered best encoder and the champion alias rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from ropim import registry
+from tune import report
+from tune.resources import PG_FOLDER, release, release_all
+from tune.spaces import apply_trial, n_grid_points, to_tune, validate_space
+from tune.sweep import SweepResult, config_from_args, load_study, main, run_sweep
+
+TINY = ["--workers-per-trial", "1", "--cpus-per-worker", "1", "--model.depth", "1", "--global_batch_size", "16",
+        "--max_steps_per_epoch", "3", "--warmup_epochs", "0", "--log_every", "100", "--viz_every", "0"]
+RHOS = [0.07, 0.14, 0.25, 0.5]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    old_cwd, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
+    os.chdir(d)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
+    yield d
+    os.chdir(old_cwd)
+    os.environ.pop("MLFLOW_TRACKING_URI") if old_uri is None else os.environ.update(MLFLOW_TRACKING_URI=old_uri)
+
+
+@pytest.fixture(scope="module")
+def ray_session(workdir):
+    # with the dashboard: Train's placement-group cleaner needs its state API to free a stopped trial's CPUs
+    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------------- no Ray needed
+
+
+def test_spaces_validate_and_convert():
+    base = {"model": {"rho": 0.14}, "base_lr": 1e-3, "epochs": 4, "seed": 0}
+    space = {"rho": {"grid": RHOS}, "seed": {"grid": [0, 1]}}
+    assert validate_space(space, "grid", base) is space and n_grid_points(space) == 8
+    assert to_tune(space)["rho"] == {"grid_search": RHOS}
+    assert apply_trial(base, {"rho": 0.25, "base_lr": 2e-3})["model"]["rho"] == 0.25
+    bad = [({"rho": {"grid": [0.1, 1.5]}}, "grid", "rho: values must lie in"),
+           ({"rho": {"grid": [0.1]}}, "tpe", "need search=grid"),
+           ({"model.depthh": {"choice": [1]}}, "grid", "not a pretraining config field"),
+           ({"base_lr": {"loguniform": [0, 1]}}, "tpe", "needs \\[low, high\\]"),
+           ({"base_lr": {"normal": [0, 1]}}, "tpe", "KIND one of")]
+    for sp, search, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            validate_space(sp, search, base)
+
+
+def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
+    cfg, _ = config_from_args(["--preset", "tpe", "--num-samples", "5", "--max-concurrent", "1", *TINY,
+                               "--model.depth", "2", "--name", "x"])
+    assert (cfg.search, cfg.scheduler, cfg.num_samples, cfg.max_concurrent) == ("tpe", "asha", 5, 1)
+    assert cfg.pretrain["model"]["depth"] == 2 and cfg.pretrain["num_workers"] == 1
+    assert cfg.pretrain["eval_every"] == 1  # the preset's override: ASHA needs intermediate kNN
+    assert cfg.pretrain["epochs"] == 8 and cfg.pretrain["model"]["arch"] == "vit_tiny_patch16_224"  # digits_demo
+    assert cfg.max_epochs == 8 and cfg.n_trials == 5
+
+    from ropim.cli import main as ropim_main
+
+    ropim_main(["sweep", "--preset", "rho_ablation", "--num-samples", "2", *TINY, "--print-config"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["space"] == {"rho": {"grid": RHOS}} and printed["pretrain"]["eval_every"] == 8
+    with pytest.raises(SystemExit, match="rho: values must lie in"):
+        main(["--space", '{"rho": {"grid": [0.07, 1.2]}}', *TINY])
+    with pytest.raises(SystemExit, match="scheduler=asha needs"):
+        main(["--scheduler", "asha", *TINY])
+    with pytest.raises(SystemExit, match="unknown sweep --preset 'nope'"):
+        main(["--preset", "nope"])
+    with pytest.raises(SystemExit, match="--resume ghost: no sweep"):
+        main(["--resume", "ghost"])
+    assert not ray.is_initialized()
+
+
+def test_champion_rule_per_metric_and_dataset(workdir):
+    """The alias rule on bare model versions (no weights needed)."""
+    c, name = registry.client(), "rule-test"
+    c.create_registered_model(name)
+    v = [c.create_model_version(name, "file:///nowhere").version for _ in range(5)]
+
+    def promote(version, value, dataset="digits", metric="knn_top1@k=20"):
+        return registry.promote_champion(name, version, metric, dataset, value)
+
+    assert promote(v[0], 50.0) == {"champion": (True, "no version held 'champion'"),
+                                   "champion-digits": (True, "no version held 'champion-digits'")}
+    d = promote(v[1], 40.0)  # worse on the same data: nothing moves
+    assert not d["champion"][0] and "does not beat v1's 50" in d["champion"][1]
+    assert promote(v[2], 60.0)["champion"][0]  # better: both aliases move
+    other = promote(v[3], 99.0, dataset="/data/cifar10")  # another data set keeps its own champion only
+    assert other["champion"] == (False, "'champion' is v3 on another dataset (digits)")
+    assert other[registry.dataset_alias("/data/cifar10")][0] and registry.dataset_alias("/data/cifar10").startswith(
+        "champion-cifar10-")
+    assert not promote(v[4], 99.0, metric="knn_top1@k=10")["champion"][0]  # not comparable: another metric
+    aliases = {a: c.get_model_version_by_alias(name, a).version for a in ("champion", "champion-digits")}
+    assert aliases == {"champion": v[2], "champion-digits": v[2]}
+    tags = c.get_model_version(name, v[1]).tags
+    assert tags["metric_value"] == "40.0" and tags["metric_dataset"] == "digits"
+    assert tags["alias.champion"].startswith("not moved: knn_top1@k=20 40 does not beat")
+
+
+def test_report_writes_tables_and_plots(tmp_path):
+    rows = [{"trial": f"a_{i:05d}", "rho": rho, "base_lr": 1e-3 * (i + 1), "epochs": 2, "seed": s,
+             "knn_top1": 50 + 10 * rho + s, "epochs_run": 2, "status": "finished", "mlflow_run": f"r{i}"}
+            for i, (rho, s) in enumerate((r, s) for r in RHOS for s in (0, 1))]
+    space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [1e-4, 1e-1]}}
+    files = report.write_report(rows, "knn_top1", tmp_path, "t", grid_over_rho=True,
+                                study=report.rebuild_study(rows, space, "knn_top1"))
+    assert {p.name for p in tmp_path.iterdir()} == set(files) == {
+        "ablation.md", "ablation.csv", "results.json", "metric_vs_rho.png", "metric_by_trial.png",
+        "param_importances.png", "importances.json"}
+    md = files["ablation.md"].read_text()
+    assert "| ρ=0.07 | ρ=0.14 | ρ=0.25 | ρ=0.5 |" in md and "**55.50** ± 0.50" in md
+    assert files["ablation.csv"].read_text().splitlines()[0] == \
+        "trial,rho,base_lr,epochs,seed,knn_top1,epochs_run,status,mlflow_run"
+    assert set(json.loads(files["importances.json"].read_text())) == {"rho", "base_lr"}
+
+
+# ------------------------------------------------------------------------------------------------- on Ray
+
+
+def _children(parent: str) -> list:
+    c = registry.client()
+    exp = c.get_experiment_by_name("ropim-sweep")
+    return c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+
+
+def _artifacts(run_id: str) -> set[str]:
+    return {f.path for f in registry.client().list_artifacts(run_id, "sweep")}
+
+
+@pytest.fixture(scope="module")
+def rho_sweep(workdir, ray_session) -> SweepResult:
+    cfg, _ = config_from_args(["--preset", "rho_ablation", "--max-concurrent", "2", *TINY, "--epochs", "2",
+                               "--base_lr", "0.064", "--name", "rho"])
+    return run_sweep(cfg)
+
+
+def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep):
+    r = rho_sweep
+    assert r.complete and sorted(row["rho"] for row in r.rows) == RHOS
+    assert all(row["status"] == "finished" and row["seed"] == 0 and row["epochs_run"] == 2 for row in r.rows)
+    assert all(0 < row["knn_top1"] <= 100 for row in r.rows)
+
+    c = registry.client()
+    parent = c.get_run(r.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["ropim.kind"] == "sweep"
+    assert parent.data.metrics["best_knn_top1"] == max(row["knn_top1"] for row in r.rows) == r.best["knn_top1"]
+    children = _children(r.parent_run_id)
+    assert sorted(ch.data.params["model.rho"] for ch in children) == [str(x) for x in RHOS]
+    by_run = {row["mlflow_run"]: row for row in r.rows}
+    for ch in children:
+        assert ch.info.status == "FINISHED"
+        assert ch.data.metrics["knn_top1"] == pytest.approx(by_run[ch.info.run_id]["knn_top1"])
+    assert {"sweep/ablation.md", "sweep/ablation.csv", "sweep/metric_vs_rho.png"} <= _artifacts(r.parent_run_id)
+    assert "| ρ=0.07 | ρ=0.14 | ρ=0.25 | ρ=0.5 |" in r.table
+    assert all(any((Path(row["checkpoint"]).parent / PG_FOLDER).iterdir()) for row in r.rows)  # recorded
+
+    name, version = registry.resolve_version(r.encoder_uri)
+    mv = c.get_model_version(name, version)
+    assert mv.tags["run_id"] == r.best["mlflow_run"] and float(mv.tags["rho"]) == r.best["rho"]
+    assert (mv.tags["metric"], mv.tags["metric_dataset"]) == ("knn_top1@k=20", "digits")
+    assert float(mv.tags["metric_value"]) == r.best["knn_top1"]
+    assert registry.resolve_version(f"models:/{name}@champion") == (name, version)
+    assert r.champion["champion"] == (True, "no version held 'champion'")
+
+
+def test_placement_groups_of_stopped_trials_are_freed(ray_session, tmp_path):
+    """The safety net for trials Tune stopped: recorded placement groups are removed, removed ones skipped."""
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    pg = placement_group([{"CPU": 1}])
+    ray.get(pg.ready(), timeout=60)
+    folder = tmp_path / "trial_x" / PG_FOLDER
+    folder.mkdir(parents=True)
+    (folder / pg.id.hex()).touch()
+    assert release_all(str(tmp_path)) == 1 and placement_group_table(pg)["state"] == "REMOVED"
+    assert release(str(tmp_path / "trial_x")) == 0 and release(str(tmp_path / "nothing")) == 0
+
+
+class InterruptAfterFirstTrial(Callback):
+    """Records trial starts; when the first trial completes, does what Ctrl+C does (Tune saves and returns)."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        phase = "resumed" if os.path.exists(f"{self.folder}/interrupted") else "first"
+        with open(f"{self.folder}/starts.txt", "a") as f:
+            f.write(f"{phase} {trial.trial_id}\n")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        marker = Path(self.folder) / "interrupted"
+        if not marker.exists():
+            marker.write_text(trial.trial_id)
+            assert signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None), "Tune's handler is missing"
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep, workdir, tmp_path):
+    space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [50.0, 200.0]}, "epochs": {"choice": [1, 2]}}
+    cfg, _ = config_from_args(["--preset", "tpe", "--num-samples", "3", "--max-concurrent", "2", "--space",
+                               json.dumps(space), *TINY, "--name", "tpe"])
+    first = run_sweep(cfg, callbacks=[InterruptAfterFirstTrial(tmp_path)])
+    done_first = (tmp_path / "interrupted").read_text()
+    assert not first.complete and first.encoder_uri is None
+    assert registry.client().get_run(first.parent_run_id).info.status == "KILLED"
+    study = load_study(f"{cfg.storage_path}/tpe")
+    completed = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(completed) >= 1
+
+    second = run_sweep(cfg)  # the same command again: restores the Tune experiment
+    assert second.complete and second.parent_run_id == first.parent_run_id
+    starts = (tmp_path / "starts.txt").read_text().split("\n")
+    assert f"first {done_first}" in starts and f"resumed {done_first}" not in starts  # not re-run
+    assert len(second.rows) == 3 and all(r["status"] != "unfinished" for r in second.rows)
+    assert len({r["mlflow_run"] for r in second.rows}) == len(_children(second.parent_run_id)) == 3
+    resumed_study = load_study(f"{cfg.storage_path}/tpe")
+    assert len(resumed_study.trials) == 3
+    for t in completed:  # the study's history survived the interruption
+        assert any(u.params == t.params and u.value == t.value for u in resumed_study.trials)
+    assert {"sweep/metric_by_trial.png", "sweep/param_importances.png", "sweep/ablation.csv"} <= \
+        _artifacts(second.parent_run_id)
+
+    # every trial of this sweep diverges (lr ≥ 1.5): it is worse, so `champion` stays where the rho sweep put it
+    assert second.best["knn_top1"] < rho_sweep.best["knn_top1"]
+    assert second.champion["champion"][0] is False and "does not beat" in second.champion["champion"][1]
+    assert second.champion["champion-digits"][0] is False
+    name, champion = registry.resolve_version(rho_sweep.encoder_uri)
+    assert registry.resolve_version(f"models:/{name}@champion") == (name, champion)
+    loser = registry.resolve_version(second.encoder_uri)[1]
+    assert MlflowClient().get_model_version(name, loser).tags["alias.champion"].startswith("not moved")
+
+    again = run_sweep(cfg)  # a finished sweep is not run (or registered) twice
+    assert again.encoder_uri == second.encoder_uri and again.rows == second.rows

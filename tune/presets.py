@@ -1,0 +1,111 @@
+"""What a sweep is (``SweepConfig``) and the shipped sweep presets.
+
+A preset fixes the search (grid or Optuna TPE), the space, the scheduler and a few pretraining overrides; the
+pretraining run itself comes from a pretraining preset (``ropim/presets/pretrain/*.yaml``) plus overrides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ropim.errors import ConfigError
+from tune.spaces import max_value, n_grid_points, validate_space
+
+SEARCHES = ("grid", "tpe")
+SCHEDULERS = ("none", "asha")
+METRICS = {"knn_top1": "max"}  # metric -> mode; reported by rank 0 on eval epochs (PretrainConfig.eval_every)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep: how trials are chosen, how many run at once, and the pretraining run each trial is."""
+
+    preset: str = "rho_ablation"
+    search: str = "grid"
+    space: dict = field(default_factory=dict)
+    metric: str = "knn_top1"
+    scheduler: str = "none"
+    grace_period: int = 1  # ASHA: epochs before a trial can be stopped
+    reduction_factor: int = 2  # ASHA
+    num_samples: int = 1  # TPE: trials; grid: seeds per grid point (seed, seed+1, …)
+    max_concurrent: int | None = None  # None: as many as the cluster's CPUs (GPUs) fit
+    search_seed: int = 0  # TPE sampler seed
+    name: str | None = None  # the sweep's folder under storage_path and its MLflow parent run name
+    storage_path: str = "ray_results"
+    experiment: str = "ropim-sweep"
+    register: bool = True  # register the best trial's encoder and apply the champion rule
+    pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
+
+    @property
+    def mode(self) -> str:
+        return METRICS[self.metric]
+
+    @property
+    def n_trials(self) -> int:
+        """Trials the finished sweep holds."""
+        return self.num_samples * (n_grid_points(self.space) if self.search == "grid" else 1)
+
+    @property
+    def max_epochs(self) -> int:
+        return int(max_value(self.space, "epochs", self.pretrain["epochs"]))
+
+    def validate(self) -> SweepConfig:
+        """Raise ConfigError naming the bad field and its fix, before Ray starts."""
+        if self.search not in SEARCHES:
+            raise ConfigError(f"search={self.search!r}: choose one of {', '.join(SEARCHES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"scheduler={self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"metric={self.metric!r}: choose one of {', '.join(METRICS)}")
+        if self.num_samples < 1 or (self.max_concurrent is not None and self.max_concurrent < 1):
+            raise ConfigError("--num-samples and --max-concurrent must be ≥ 1")
+        validate_space(self.space, self.search, self.pretrain)
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, dict] = {
+    "rho_ablation": {
+        "description": "the paper's rho ablation: a grid over rho, everything else fixed, same seeds",
+        "search": "grid",
+        "space": {"rho": {"grid": [0.07, 0.14, 0.25, 0.50]}},
+        "scheduler": "none",
+        "pretrain_preset": "digits_demo",
+        "overrides": {},
+    },
+    "tpe": {
+        "description": "Optuna TPE over rho, base_lr and epochs with ASHA early stopping on kNN top-1",
+        "search": "tpe",
+        "space": {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [5e-4, 2e-2]},
+                  "epochs": {"choice": [2, 4, 8]}},
+        "scheduler": "asha",
+        "num_samples": 8,
+        "pretrain_preset": "digits_demo",
+        "overrides": {"eval_every": 1},
+    },
+}
+
+
+def preset(name: str) -> dict:
+    """The shipped preset ``name`` (a copy), or ConfigError listing the shipped ones."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown sweep --preset {name!r}; shipped: {', '.join(PRESETS)}")
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[name].items()}
+
+
+def grid_seeds(space: dict, base_seed: int, n: int) -> dict:
+    """A grid space with ``n`` seeds per point (``seed`` added as a grid knob), for repeated grid trials."""
+    if n <= 1 or "seed" in space:
+        return space
+    return {**space, "seed": {"grid": list(range(base_seed, base_seed + n))}}
+
+
+def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
+    """How many trials' worker groups fit the cluster at once (at least 1)."""
+    fits = math.floor(cluster.get("CPU", 1) / max(num_workers * cpus_per_worker, 1e-9))
+    if use_gpu:
+        fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
+    return max(1, fits)
