@@ -1,4 +1,7 @@
-"""`ray job submit --working-dir . -- python jobs/sweep.py [--preset NAME] [flags] [overrides]`: `ropim sweep` as a Ray job."""
+"""`ropim sweep` as a Ray job.
+
+`ray job submit --working-dir . -- python jobs/sweep.py [--preset NAME] [sweep flags] [pretraining overrides]`
+"""
 
 import sys
 
