@@ -41,6 +41,23 @@ def _expand_presets(command: str, argv: list[str]) -> list[str]:
     return out
 
 
+def _data_shorthand(argv: list[str]) -> list[str]:
+    """``--data SOURCE`` (not a YAML file or mapping) means ``--data.source SOURCE``."""
+    out, i = [], 0
+    while i < len(argv):
+        arg, value = argv[i], None
+        if arg == "--data" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 1
+        elif arg.startswith("--data="):
+            value = arg.removeprefix("--data=")
+        if value is None or value.lstrip().startswith("{") or value.endswith((".yaml", ".yml", ".json")):
+            out += [arg] if value is None else ["--data", value]
+        else:
+            out += ["--data.source", value]
+        i += 1
+    return out
+
+
 def _sub(config_cls, description: str) -> ArgumentParser:
     parser = ArgumentParser(description=description)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (repeatable; later wins)")
@@ -51,9 +68,11 @@ def _sub(config_cls, description: str) -> ArgumentParser:
 
 def build_parser() -> ArgumentParser:
     """The ``ropim`` parser with its subcommands."""
-    from ropim.evaluate import FinetuneConfig
+    from ropim.finetune import FinetuneConfig
     from ropim.pipeline import DemoConfig
+    from ropim.probe import ProbeConfig
     from ropim.train import PretrainConfig
+    from ropim.transfer import TransferConfig
     from ropim.viz import VizConfig
 
     parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
@@ -62,8 +81,15 @@ def build_parser() -> ArgumentParser:
     pretrain.add_argument("--resume", type=str, help="continue the named run with its stored config "
                           "(num_workers, use_gpu, stop_after_epochs, max_failures may change)")
     sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
-    sub.add_subcommand("finetune", _sub(FinetuneConfig, "Fine-tune a classifier from a registered encoder."),
-                       help="fine-tune from an encoder URI and report top-1")
+    sub.add_subcommand("finetune", _sub(FinetuneConfig, "Fine-tune a classifier from an encoder (models:/name/"
+                                        "version, models:/name@alias, runs:/…, or a local folder) on Ray Train "
+                                        "(num_workers=0: in this process); register it as ropim-classifier."),
+                       help="fine-tune from an encoder URI and report top-1 / top-5")
+    sub.add_subcommand("probe", _sub(ProbeConfig, "Linear probe and cosine kNN on frozen features of an encoder."),
+                       help="linear probe + kNN top-1 / top-5 of a frozen encoder")
+    sub.add_subcommand("transfer", _sub(TransferConfig, "Fine-tune (or --mode probe) every encoder of --encoders "
+                                        "A,B on every source of --data D1,D2; print and save the table."),
+                       help="encoders x data sets table (CSV / Markdown / JSON)")
     sub.add_subcommand("demo", _sub(DemoConfig, "Pretrain -> register -> fine-tune vs random init."),
                        help="the main job end to end (default: the digits_demo preset)")
     sub.add_subcommand("viz", _sub(VizConfig, "Reconstruction grid (paper Figs. 3/6/7) from a checkpoint or a "
@@ -149,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         argv.insert(argv.index("demo") + 1, "--preset=digits_demo")
     if command:
         argv = _expand_presets(command, argv)
+    if command in ("finetune", "probe"):
+        argv = _data_shorthand(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "presets":
@@ -170,10 +198,22 @@ def main(argv: list[str] | None = None) -> None:
             result = pretrain(cfg)
             print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
         elif args.command == "finetune":
-            from ropim.evaluate import FinetuneConfig, finetune
+            from ropim.finetune import FinetuneConfig, finetune
 
             metrics = finetune(_config(ns, FinetuneConfig))
-            print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%")
+            if "top1" in metrics:
+                print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
+                      f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
+        elif args.command == "probe":
+            from ropim.probe import ProbeConfig, probe
+
+            r = probe(_config(ns, ProbeConfig))
+            print(f"linear top-1 {r['linear']['top1']:.2f}% top-5 {r['linear']['top5']:.2f}%  "
+                  f"kNN top-1 {r['knn']['top1']:.2f}% top-5 {r['knn']['top5']:.2f}%  (MLflow run {r['run_id']})")
+        elif args.command == "transfer":
+            from ropim.transfer import TransferConfig, transfer
+
+            transfer(_config(ns, TransferConfig))
         elif args.command == "demo":
             from ropim.pipeline import DemoConfig, run_demo
 

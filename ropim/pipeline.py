@@ -1,4 +1,8 @@
-"""The main job: pretrain on Ray Train -> register the encoder -> fine-tune it and a random-init baseline."""
+"""The main job: pretrain on Ray Train -> register the encoder -> fine-tune it and a random-init baseline.
+
+One Ray session serves the pretraining and both fine-tunes when they run on Ray Train (``finetune.num_workers``
+> 0); the digits demo fine-tunes in-process, which is faster there.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import timm
 import torch
 
 from ropim import registry
-from ropim.evaluate import FinetuneConfig, baseline, finetune, knn_eval
+from ropim.finetune import FinetuneConfig, baseline, finetune
+from ropim.probe import knn_eval
 from ropim.train import PretrainConfig, pretrain
 
 
@@ -23,8 +28,22 @@ class DemoConfig:
 
 def run_demo(cfg: DemoConfig) -> dict[str, object]:
     """Run the whole path and print the registered URI and both fine-tune top-1s, measured in this run."""
+    import ray
+
     cfg.pretrain.validate()
     cfg.finetune.validate()
+    registry.check_tracking(registry.tracking_uri())
+    started_ray = cfg.finetune.num_workers > 0 and not ray.is_initialized()  # pretrain starts its own otherwise
+    if started_ray:
+        ray.init(include_dashboard=False)
+    try:
+        return _run(cfg)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _run(cfg: DemoConfig) -> dict[str, object]:
     result = pretrain(cfg.pretrain)
     ft_cfg = dataclasses.replace(cfg.finetune, encoder=result.encoder_uri)
     encoder, enc_cfg = registry.load_encoder(result.encoder_uri)
@@ -38,6 +57,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, object]:
     random_ft = finetune(baseline(ft_cfg))
     print()
     print(f"registered encoder: {result.encoder_uri}  (MLflow run {result.run_id})")
+    print(f"registered classifier: {ropim_ft.get('classifier_uri')}  (fine-tune run {ropim_ft['run_id']})")
     print(f"{'encoder':<24}{'kNN top-1':>12}{'fine-tune top-1':>18}   ({ft_cfg.data.source} val split)")
     print(f"{'ROPIM (this run)':<24}{knn['ropim']:>11.2f}%{ropim_ft['top1']:>17.2f}%")
     print(f"{'random init':<24}{knn['random']:>11.2f}%{random_ft['top1']:>17.2f}%")
