@@ -33,6 +33,11 @@ from tune.presets import PRESETS, SweepConfig, default_concurrency, grid_seeds, 
 from tune.resources import ReleaseEndedTrials, recording_train_loop, release_all
 from tune.spaces import apply_trial, to_tune
 
+# A trial whose driver is stopped (interrupt, ASHA) before its Train run reports ends with a result holding only
+# its config; Tune's strict check then fails the whole sweep although the missing metric is expected. Every
+# finished trial still reports knn_top1 (the table and the registry read it from the trial rows).
+os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
 DEFAULT_SPLIT = {"val_fraction": 0.2, "split_seed": 0}
 
