@@ -1,8 +1,8 @@
 """Fine-tuning an encoder into a classifier with the paper's recipe (timm), on Ray Train or in-process.
 
 ``finetune(cfg)`` resolves and checks the encoder against the data (one clear error before any work), opens
-(or re-opens) the MLflow run, runs ``train_loop_per_worker`` on ``cfg.num_workers`` Ray Train workers — the
-TorchTrainer is wired like pretraining's (``torch_trainer``), checkpoints come from ``ropim.checkpoint`` — or, with
+(or re-opens) the MLflow run, runs ``train_loop_per_worker`` on ``cfg.num_workers`` Ray Train workers (the
+TorchTrainer of ``ropim.runtime``, as pretraining's; checkpoints from ``ropim.checkpoint``) or, with
 ``num_workers=0``, the same loop in this process. At the end it logs top-1 / top-5, per-class accuracy and a
 confusion-matrix PNG, registers the classifier (``ropim-classifier``, safetensors, loaded without pickle) and
 tags the encoder version with ``downstream.<dataset>.top1``.
@@ -54,9 +54,9 @@ from ropim.downstream import (
     topk_hits,
 )
 from ropim.errors import ConfigError
+from ropim.runtime import autocast_dtype, check_precision, grad_scaler, ray_session, torch_trainer
 
 log = logging.getLogger("ropim.finetune")
-PRECISIONS = ("fp32", "bf16", "fp16")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
              "dataloader_workers")
@@ -137,10 +137,7 @@ class FinetuneConfig:
             raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
         if self.img_size is not None and self.img_size <= 0:
             raise ConfigError(f"img_size={self.img_size}: must be > 0, or null for the encoder's")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}")
-        if self.precision == "fp16" and not self.use_gpu:
-            raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
+        check_precision(self.precision, self.use_gpu)
         if self.num_workers == 0 and "://" in self.storage_path:
             raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
                               "in a local folder; give one, or use num_workers ≥ 1")
@@ -308,7 +305,7 @@ def run_loop(cfg: FinetuneConfig, run_id: str, tracking: str, session) -> None:
                         uri=cfg.encoder, quiet=rank != 0).to(device)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
                                     layer_decay=cfg.layer_decay)
-    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+    scaler = grad_scaler(cfg.precision)
     start_epoch, step = 0, 0
     restored = session.restore(lambda d: load_checkpoint(d, model, optimizer, scaler))
     if restored:
@@ -338,7 +335,7 @@ def run_loop(cfg: FinetuneConfig, run_id: str, tracking: str, session) -> None:
     mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                   num_classes=n_classes) if mixing else None
     criterion = SoftTargetCrossEntropy() if mixing else LabelSmoothingCrossEntropy(cfg.label_smoothing)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    amp_dtype = autocast_dtype(cfg.precision)
     last_epoch = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs, start_epoch + cfg.stop_after_epochs)
 
     for epoch in range(start_epoch, last_epoch):
@@ -412,30 +409,6 @@ def train_loop_per_worker(config: dict) -> None:
 # ----------------------------------------------------------------------------------------------- the driver
 
 
-def torch_trainer(train_loop, loop_config: dict, *, num_workers: int, use_gpu: bool, cpus_per_worker: float,
-                  run_name: str, storage_path: str, keep_checkpoints: int, max_failures: int,
-                  callbacks: list | None = None, datasets: dict | None = None):
-    """A TorchTrainer wired like pretraining's (``ropim.train.build_trainer``): scaling, named run under
-    ``storage_path`` (re-running the name resumes), ``num_to_keep`` checkpoints, ``max_failures`` restarts."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    return TorchTrainer(
-        train_loop,
-        train_loop_config=loop_config,
-        datasets=datasets,
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker={"CPU": cpus_per_worker}),
-        run_config=RunConfig(
-            name=run_name,
-            storage_path=storage_path if "://" in storage_path else str(Path(storage_path).absolute()),
-            checkpoint_config=CheckpointConfig(num_to_keep=keep_checkpoints),
-            failure_config=FailureConfig(max_failures=max_failures),
-            callbacks=callbacks or [],
-        ),
-    )
-
-
 def build_trainer(cfg: FinetuneConfig, run_id: str, tracking: str, callbacks: list | None = None):
     """The TorchTrainer of one fine-tune run (``callbacks``: e.g. Tune's ``TuneReportCallback``)."""
     return torch_trainer(train_loop_per_worker, {"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking},
@@ -477,16 +450,8 @@ def _fit(cfg: FinetuneConfig, run_id: str, tracking: str) -> tuple[dict, context
         run_loop(cfg, run_id, tracking, session)
         latest = session.latest
         return session.metrics, (contextlib.nullcontext(str(latest)) if latest else None)
-    import ray
-
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(include_dashboard=False)
-    try:
+    with ray_session():
         result = build_trainer(cfg, run_id, tracking).fit()
-    finally:
-        if started_ray:
-            ray.shutdown()
     checkpoint = result.checkpoint
     return dict(result.metrics or {}), (checkpoint.as_directory() if checkpoint else None)
 

@@ -25,7 +25,7 @@ class EncoderModel(PythonModel):
         self.encoder.load_state_dict(load_file(context.artifacts["weights"]))
         self.encoder.eval()
 
-    def predict(self, context, model_input, params=None) -> np.ndarray:
+    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
         x = torch.as_tensor(np.asarray(model_input, dtype=np.float32))
         with torch.no_grad():
             return self.encoder(x).numpy()

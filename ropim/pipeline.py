@@ -15,6 +15,7 @@ import torch
 from ropim import registry
 from ropim.finetune import FinetuneConfig, baseline, finetune
 from ropim.probe import knn_eval
+from ropim.runtime import ray_session
 from ropim.train import PretrainConfig, pretrain
 
 
@@ -28,19 +29,11 @@ class DemoConfig:
 
 def run_demo(cfg: DemoConfig) -> dict[str, object]:
     """Run the whole path and print the registered URI and both fine-tune top-1s, measured in this run."""
-    import ray
-
     cfg.pretrain.validate()
     cfg.finetune.validate()
     registry.check_tracking(registry.tracking_uri())
-    started_ray = cfg.finetune.num_workers > 0 and not ray.is_initialized()  # pretrain starts its own otherwise
-    if started_ray:
-        ray.init(include_dashboard=False)
-    try:
+    with ray_session(needed=cfg.finetune.num_workers > 0):  # pretrain starts its own otherwise
         return _run(cfg)
-    finally:
-        if started_ray:
-            ray.shutdown()
 
 
 def _run(cfg: DemoConfig) -> dict[str, object]:

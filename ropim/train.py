@@ -28,9 +28,9 @@ from ropim.checkpoint import load_checkpoint, read_run_meta, save_checkpoint, wr
 from ropim.data import DataConfig, build_dataset, count_images, eval_transform, pretrain_transform
 from ropim.errors import ConfigError
 from ropim.model import ROPIM, ModelConfig, encoder_kwargs
+from ropim.runtime import autocast_dtype, check_precision, grad_scaler, ray_session, torch_trainer
 
 log = logging.getLogger("ropim.train")
-PRECISIONS = ("fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
@@ -63,6 +63,7 @@ class PretrainConfig:
     stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (resume later)
     max_steps_per_epoch: int | None = None  # cap for smoke runs
     eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
+    eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.probe defaults): linear_top1
     viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
     knn_k: int = 20
     log_every: int = 10  # steps between progress lines
@@ -85,12 +86,9 @@ class PretrainConfig:
             )
         if self.base_lr <= 0:
             raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        check_precision(self.precision, self.use_gpu)
         if self.ingest not in INGESTS:
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
-        if self.precision == "fp16" and not self.use_gpu:
-            raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
         return self
 
     @property
@@ -138,15 +136,19 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def knn_top1_of(encoder: torch.nn.Module, cfg: PretrainConfig) -> float:
-    """kNN top-1 (%) of ``encoder``'s frozen features on the val split (train split as memory bank)."""
-    from ropim.evaluate import extract_features, knn_top1
+def quality_metrics(encoder: torch.nn.Module, cfg: PretrainConfig) -> dict[str, float]:
+    """Label-based quality of ``encoder``'s frozen features on the val split (the train split is the memory
+    bank / probe training set): ``knn_top1`` (%) and, with ``eval_linear_probe``, ``linear_top1`` (%)."""
+    from ropim.evaluate import extract_features, knn_top1, linear_probe
 
     tf, size = eval_transform(cfg.model.img_size), cfg.model.img_size
     train = extract_features(encoder, build_dataset(cfg.data, "train", tf, size))
     val = extract_features(encoder, build_dataset(cfg.data, "val", tf, size))
     encoder.train()
-    return knn_top1(*train, *val, k=cfg.knn_k)
+    metrics = {"knn_top1": knn_top1(*train, *val, k=cfg.knn_k)}
+    if cfg.eval_linear_probe:
+        metrics["linear_top1"] = linear_probe(*train, *val, seed=cfg.seed)["top1"]
+    return metrics
 
 
 def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tensor, epoch: int, seed: int,
@@ -179,7 +181,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     model = ROPIM(cfg.model).to(device)
     optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, cfg.beta2))
-    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+    scaler = grad_scaler(cfg.precision)
     start_epoch, step = 0, 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
@@ -217,7 +219,7 @@ def train_loop_per_worker(config: dict) -> None:
                                   warmup_t=round(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=cfg.min_lr,
                                   t_in_epochs=False)
     scheduler.step_update(step)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+    amp_dtype = autocast_dtype(cfg.precision)
     last_epoch = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs, start_epoch + cfg.stop_after_epochs)
     if rank == 0 and cfg.viz_every:
         from ropim.viz import validation_images
@@ -287,7 +289,7 @@ def train_loop_per_worker(config: dict) -> None:
             "epoch": epoch + 1, "step": step,
         }
         if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-            metrics["knn_top1"] = knn_top1_of(model.encoder, cfg)
+            metrics.update(quality_metrics(model.encoder, cfg))
         if rank == 0:
             registry.log_metrics(run_id, {k: v for k, v in metrics.items() if k != "epoch"}, epoch + 1, tracking)
             if cfg.viz_every and ((epoch + 1) % cfg.viz_every == 0 or epoch + 1 == cfg.epochs):
@@ -315,9 +317,6 @@ def build_trainer(cfg: PretrainConfig, run_id: str, tracking_uri: str, *,
                   train_loop: Callable[[dict], None] = train_loop_per_worker, callbacks: list | None = None,
                   storage_path: str | None = None):
     """The TorchTrainer of one pretraining run (also used inside Tune trials)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
     storage = storage_path or cfg.storage_path
     loop_config = {"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri,
                    "n_train": count_images(cfg.data, "train")}
@@ -328,20 +327,10 @@ def build_trainer(cfg: PretrainConfig, run_id: str, tracking_uri: str, *,
         loop_config["bad_images"] = new_bad_image_counter()
         datasets = {"train": build_ray_dataset(cfg.data, "train", cfg.model.img_size, shuffle_seed=cfg.seed,
                                                bad_images=loop_config["bad_images"])}
-    return TorchTrainer(
-        train_loop,
-        train_loop_config=loop_config,
-        datasets=datasets,
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                     resources_per_worker={"CPU": cfg.cpus_per_worker}),
-        run_config=RunConfig(
-            name=cfg.run_name,
-            storage_path=storage if "://" in storage else str(Path(storage).absolute()),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
-            callbacks=callbacks or [],
-        ),
-    )
+    return torch_trainer(train_loop, loop_config, num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                         cpus_per_worker=cfg.cpus_per_worker, run_name=cfg.run_name, storage_path=storage,
+                         keep_checkpoints=cfg.keep_checkpoints, max_failures=cfg.max_failures, callbacks=callbacks,
+                         datasets=datasets)
 
 
 def register_checkpoint(checkpoint, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
@@ -393,7 +382,6 @@ def resume_config(run_name: str, storage_path: str = "ray_results", **resumable)
 def pretrain(cfg: PretrainConfig, config_text: str | None = None, *,
              train_loop: Callable[[dict], None] = train_loop_per_worker) -> PretrainResult:
     """Validate, run (or continue) the TorchTrainer, register the final encoder; return its URI and the run id."""
-    import ray
 
     cfg.validate()
     n_train = count_images(cfg.data, "train")
@@ -404,21 +392,16 @@ def pretrain(cfg: PretrainConfig, config_text: str | None = None, *,
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or f"pretrain-{time.strftime('%Y%m%d-%H%M%S')}")
     run_id = _open_run(cfg, uri, config_text)
     print(f"[pretrain] run {cfg.run_name}: MLflow run {run_id} at {uri}", flush=True)
-    started_ray = not ray.is_initialized()
     try:
-        if started_ray:
-            ray.init(include_dashboard=False)
-        result = build_trainer(cfg, run_id, uri, train_loop=train_loop).fit()
-        metrics = dict(result.metrics or {})
-        encoder_uri = None
-        if metrics.get("epoch") == cfg.epochs:
-            encoder_uri = register_checkpoint(result.checkpoint, cfg, run_id, uri)
+        with ray_session():
+            result = build_trainer(cfg, run_id, uri, train_loop=train_loop).fit()
+            metrics = dict(result.metrics or {})
+            encoder_uri = None
+            if metrics.get("epoch") == cfg.epochs:
+                encoder_uri = register_checkpoint(result.checkpoint, cfg, run_id, uri)
     except BaseException:
         registry.end_run(run_id, "FAILED", uri)
         raise
-    finally:
-        if started_ray:
-            ray.shutdown()
     if encoder_uri is None:
         registry.end_run(run_id, "KILLED", uri)
         print(f"[pretrain] stopped after epoch {metrics.get('epoch')}/{cfg.epochs}; continue with "

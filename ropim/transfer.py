@@ -18,6 +18,7 @@ from ropim.downstream import dataset_name, eval_split, resolve_encoder, resolved
 from ropim.errors import ConfigError
 from ropim.finetune import FinetuneConfig, finetune
 from ropim.probe import ProbeConfig, probe
+from ropim.runtime import ray_session
 
 MODES = ("finetune", "probe")
 
@@ -92,15 +93,10 @@ def format_markdown(header: list[str], body: list[list[str]]) -> str:
 
 def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
-    import ray
-
     cfg.validate()
     cfg.preflight()
-    started_ray = cfg.mode == "finetune" and cfg.finetune.num_workers > 0 and not ray.is_initialized()
-    if started_ray:
-        ray.init(include_dashboard=False)  # one session for every cell
     rows = []
-    try:
+    with ray_session(needed=cfg.mode == "finetune" and cfg.finetune.num_workers > 0):  # one for every cell
         for encoder, source, cell in cfg.cells():
             t0 = time.perf_counter()
             res = finetune(cell) if cfg.mode == "finetune" else probe(cell)
@@ -113,9 +109,6 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
             if cfg.mode == "probe":
                 row |= {"knn_top1": res["knn"]["top1"], "knn_top5": res["knn"]["top5"]}
             rows.append(row)
-    finally:
-        if started_ray:
-            ray.shutdown()
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     metric = "fine-tune top-1 (%)" if cfg.mode == "finetune" else "linear-probe top-1 (%)"

@@ -375,15 +375,6 @@ def test_cli_convert_then_inspect(parquet_set, tmp_path, capsys):
 # ------------------------------------------------------------------------------------------- Ray Data
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_dataset_decodes_every_format_and_counts_bad_images(ray_session, folder, parquet_set, tmp_path):
     from ropim.ingest import bad_image_summary, build_ray_dataset, new_bad_image_counter
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
@@ -38,26 +37,6 @@ from ropim.train import PretrainConfig, encoder_config
 
 TINY = ModelConfig(img_size=32, patch_size=4, depth=1)
 QUICK = dict(epochs=2, batch_size=16, max_steps_per_epoch=2, warmup_epochs=0, log_every=1)
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A working directory with its own sqlite MLflow store, shared by the module."""
-    d = tmp_path_factory.mktemp("downstream")
-    old_cwd, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
-    yield d
-    os.chdir(old_cwd)
-    os.environ.pop("MLFLOW_TRACKING_URI") if old_uri is None else os.environ.update(MLFLOW_TRACKING_URI=old_uri)
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """One Ray session for the module; fresh processes join it through RAY_ADDRESS."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 def _encoder_folder(path: Path, model: ModelConfig, seed: int = 0) -> Path:
@@ -148,11 +127,11 @@ def test_resolution_change_resamples_position_embedding_and_logs(caplog):
 
 
 @pytest.fixture(scope="module")
-def ray_finetune(workdir, ray_address, encoder):
+def ray_finetune(workdir, ray_session, encoder):
     """`ropim finetune` in a fresh process, 2 Ray Train workers, encoder given by alias."""
     proc = _run_cli("finetune", "--encoder", "models:/ropim-encoder@champion", "--data", "digits",
                     "--num_workers", "2", "--run_name", "ft-ray", *[f"--{k}={v}" for k, v in QUICK.items()],
-                    cwd=workdir, env={"RAY_ADDRESS": ray_address})
+                    cwd=workdir, env={"RAY_ADDRESS": ray_session})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 
@@ -21,28 +20,6 @@ from ropim.model import ModelConfig, create_encoder
 from ropim.train import PretrainConfig, pretrain
 
 TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A working directory with its own sqlite MLflow store, shared by the module."""
-    d = tmp_path_factory.mktemp("work")
-    old_cwd, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
-    yield d
-    os.chdir(old_cwd)
-    if old_uri is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = old_uri
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-import ray
 
 from ropim import registry
 from ropim.checkpoint import read_run_meta
@@ -20,16 +19,9 @@ TINY = PretrainConfig(model=ModelConfig(img_size=32, patch_size=4, depth=1), epo
 
 
 @pytest.fixture(scope="module", autouse=True)
-def session(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume")
-    old_cwd, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield d
-    ray.shutdown()
-    os.chdir(old_cwd)
-    os.environ.pop("MLFLOW_TRACKING_URI") if old_uri is None else os.environ.update(MLFLOW_TRACKING_URI=old_uri)
+def session(workdir, ray_session):
+    """Every test here runs in the module's working directory and Ray session."""
+    return workdir
 
 
 def _history(run_id: str, key: str) -> list[tuple[int, float]]:

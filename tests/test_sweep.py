@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
@@ -22,25 +23,6 @@ from tune.sweep import SweepResult, config_from_args, load_study, main, run_swee
 TINY = ["--workers-per-trial", "1", "--cpus-per-worker", "1", "--model.depth", "1", "--global_batch_size", "16",
         "--max_steps_per_epoch", "3", "--warmup_epochs", "0", "--log_every", "100", "--viz_every", "0"]
 RHOS = [0.07, 0.14, 0.25, 0.5]
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sweep")
-    old_cwd, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(d)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d / 'mlflow.db'}"
-    yield d
-    os.chdir(old_cwd)
-    os.environ.pop("MLFLOW_TRACKING_URI") if old_uri is None else os.environ.update(MLFLOW_TRACKING_URI=old_uri)
-
-
-@pytest.fixture(scope="module")
-def ray_session(workdir):
-    # with the dashboard: Train's placement-group cleaner needs its state API to free a stopped trial's CPUs
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 # ------------------------------------------------------------------------------------------- no Ray needed
@@ -85,6 +67,27 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
     with pytest.raises(SystemExit, match="--resume ghost: no sweep"):
         main(["--resume", "ghost"])
     assert not ray.is_initialized()
+
+
+def test_linear_probe_objective(workdir):
+    """--metric linear_top1 turns the linear probe on in every trial; the probe scores real features."""
+    from ropim.model import ROPIM
+    from ropim.train import PretrainConfig, quality_metrics
+    from tune.sweep import metric_key, prepare
+
+    cfg, _ = config_from_args(["--metric", "linear_top1", *TINY, "--name", "lin"])
+    assert not cfg.pretrain["eval_linear_probe"]
+    cfg = prepare(cfg)
+    assert cfg.pretrain["eval_linear_probe"] and cfg.mode == "max"
+    assert metric_key("linear_top1", cfg.pretrain) == "linear_top1"
+    with pytest.raises(SystemExit):
+        config_from_args(["--metric", "loss", *TINY])
+
+    pretrain = PretrainConfig.from_dict(cfg.pretrain)
+    torch.manual_seed(0)
+    scores = quality_metrics(ROPIM(pretrain.model).encoder, pretrain)
+    # a random-init ViT's features are far from chance on digits (10 classes), under 100%
+    assert set(scores) == {"knn_top1", "linear_top1"} and 30 < scores["linear_top1"] < 100
 
 
 def test_champion_rule_per_metric_and_dataset(workdir):

@@ -14,7 +14,8 @@ from tune.spaces import max_value, n_grid_points, validate_space
 
 SEARCHES = ("grid", "tpe")
 SCHEDULERS = ("none", "asha")
-METRICS = {"knn_top1": "max"}  # metric -> mode; reported by rank 0 on eval epochs (PretrainConfig.eval_every)
+# metric -> mode; reported by rank 0 on eval epochs (PretrainConfig.eval_every); linear_top1 turns on eval_linear_probe
+METRICS = {"knn_top1": "max", "linear_top1": "max"}
 
 
 @dataclass(frozen=True)

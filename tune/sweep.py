@@ -27,9 +27,10 @@ from ray.tune.search.optuna import OptunaSearch
 from ropim import registry
 from ropim.checkpoint import read_run_meta, write_run_meta
 from ropim.errors import ConfigError
+from ropim.runtime import ray_session
 from ropim.train import PretrainConfig, build_trainer, register_checkpoint
 from tune import report
-from tune.presets import PRESETS, SweepConfig, default_concurrency, grid_seeds, preset
+from tune.presets import METRICS, PRESETS, SweepConfig, default_concurrency, grid_seeds, preset
 from tune.resources import ReleaseEndedTrials, recording_train_loop, release_all
 from tune.spaces import apply_trial, to_tune
 
@@ -102,7 +103,8 @@ def dataset_key(data: dict) -> str:
 
 
 def metric_key(metric: str, pretrain: dict) -> str:
-    """The metric with its protocol, e.g. ``knn_top1@k=20`` (kNN top-1 with k = 20 is not k = 10)."""
+    """The metric with its protocol, e.g. ``knn_top1@k=20`` (kNN top-1 with k = 20 is not k = 10);
+    ``linear_top1`` is the linear probe with ``ropim.probe``'s default schedule."""
     return f"{metric}@k={pretrain['knn_k']}" if metric.startswith("knn") else metric
 
 
@@ -117,6 +119,8 @@ def prepare(cfg: SweepConfig) -> SweepConfig:
         raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
     if pretrain.get("eval_every", 0) < 1:
         pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
+    if cfg.metric == "linear_top1":
+        pretrain["eval_linear_probe"] = True
     storage = cfg.storage_path if "://" in cfg.storage_path else str(Path(cfg.storage_path).absolute())
     cfg = dataclasses.replace(cfg, pretrain=pretrain, storage_path=storage,
                               name=cfg.name or f"{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -256,8 +260,6 @@ def _register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) -
 
 def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult:
     """Run (or continue) the sweep; write the table and plots to the parent run; register the best encoder."""
-    import ray
-
     cfg = prepare(cfg)
     uri = registry.tracking_uri()
     registry.check_tracking(uri)
@@ -268,31 +270,31 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
         return SweepResult(cfg.name, parent, True, meta["rows"], meta.get("best"), meta.get("encoder_uri"),
                            meta.get("champion", {}), meta.get("table", ""))
     print(f"[sweep] {cfg.name}: {cfg.n_trials} trials ({cfg.search}), MLflow parent run {parent} at {uri}", flush=True)
-    started_ray = not ray.is_initialized()
     try:
-        if started_ray:
-            ray.init()
-        p = cfg.pretrain
-        concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],
-                                                                p["cpus_per_worker"], p["use_gpu"])
-        ctx = {"pretrain": p, "parent_run_id": parent, "tracking_uri": uri, "experiment": cfg.experiment,
-               "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train",
-               "max_concurrent": concurrency}
-        if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
-            os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
-        try:
-            grid = _tuner(cfg, ctx, callbacks).fit()
-        finally:  # no trial of this sweep runs now: free what stopped trials' Train runs still hold
-            if freed := release_all(ctx["train_storage"]):
-                print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)
-        result = finish(cfg, grid, parent, uri)
+        with ray_session():
+            return _run_trials(cfg, parent, uri, callbacks)
     except BaseException:
         registry.end_run(parent, "FAILED", uri)
         raise
-    finally:
-        if started_ray:
-            ray.shutdown()
-    return result
+
+
+def _run_trials(cfg: SweepConfig, parent: str, uri: str, callbacks: list | None) -> SweepResult:
+    """Run the Tune experiment in this Ray session, then ``finish`` it."""
+    import ray
+
+    p = cfg.pretrain
+    concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],
+                                                            p["cpus_per_worker"], p["use_gpu"])
+    ctx = {"pretrain": p, "parent_run_id": parent, "tracking_uri": uri, "experiment": cfg.experiment,
+           "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency}
+    if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
+        os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
+    try:
+        grid = _tuner(cfg, ctx, callbacks).fit()
+    finally:  # no trial of this sweep runs now: free what stopped trials' Train runs still hold
+        if freed := release_all(ctx["train_storage"]):
+            print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)
+    return finish(cfg, grid, parent, uri)
 
 
 def finish(cfg: SweepConfig, grid, parent: str, uri: str) -> SweepResult:
@@ -368,7 +370,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus-per-worker", type=float, help="CPUs per Train worker")
     p.add_argument("--space", type=json.loads, help='search space as JSON, e.g. \'{"rho": {"grid": [0.1, 0.3]}}\'')
     p.add_argument("--scheduler", choices=("none", "asha"), help="override the preset's scheduler")
-    p.add_argument("--metric", default="knn_top1", help="objective (default knn_top1 on the val split)")
+    p.add_argument("--metric", default="knn_top1", choices=sorted(METRICS),
+                   help="objective on the val split: knn_top1 (default) or linear_top1 (linear probe)")
     p.add_argument("--search-seed", type=int, default=0, help="TPE sampler seed")
     p.add_argument("--name", help="sweep name (folder under --storage-path, parent MLflow run name)")
     p.add_argument("--storage-path", default="ray_results", help="where Tune and Train state go")
