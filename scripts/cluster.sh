@@ -200,8 +200,12 @@ start_ray() {
     local probe="$RAY_TEMP_DIR/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store"
     [ "${#probe}" -le 107 ] || die "RAY_TEMP_DIR=$RAY_TEMP_DIR is too long for Ray's unix sockets; set RAY_TEMP_DIR to a shorter path (e.g. /tmp/ropim-ray-$USER)"
     mkdir -p "$RAY_TEMP_DIR"
+    # `ray start` turns token auth on only when a token already exists (unlike ray.init, it never creates one),
+    # so on a fresh machine it would start an open job API: make sure there is a token, and ask for token mode.
+    "$BIN/ray" get-auth-token --generate >/dev/null || die "could not create a Ray auth token (~/.ray/auth_token)"
     set +m
     # setsid: new session whose id is the pid we record; Ray's daemons inherit it.
+    RAY_AUTH_MODE=token \
     MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" \
     AUTOSCALER_METRIC_PORT="$RAY_AUTOSCALER_METRIC_PORT" \
     DASHBOARD_METRIC_PORT="$RAY_DASHBOARD_METRIC_PORT" \

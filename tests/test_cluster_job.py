@@ -27,8 +27,10 @@ def cluster():
     cluster_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     env = {**os.environ, **PORTS, "CLUSTER_DIR": str(cluster_dir), "VENV": str(Path(sys.executable).parents[1])}
     script = str(ROOT / "scripts" / "cluster.sh")
-    subprocess.run([script, "up"], env=env, check=True, timeout=240, capture_output=True)
     try:
+        up = subprocess.run([script, "up"], env=env, timeout=240, capture_output=True, text=True)
+        if up.returncode != 0:
+            pytest.fail(f"cluster.sh up failed ({up.returncode}):\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
         yield env
     finally:
         subprocess.run([script, "down"], env=env, timeout=120, capture_output=True)
