@@ -212,17 +212,22 @@ def test_project_keeps_dtype_and_shape(dtype):
     torch.testing.assert_close(sk.project(x).double(), ref, rtol=tol, atol=tol)
 
 
-def test_gradients_flow_through_project():
-    sk = draw_sketch(2, 20, 0.2, generator=gen(13), hashing="uniform")
-    x = torch.randn(2, 20, 3, generator=gen(14), requires_grad=True)
-    w = torch.randn(2, 20, 3, generator=gen(15))
-    (sk.project(x) * w).sum().backward()
-    # d/dx ⟨Πx, w⟩ = Πᵀ w = Π w
-    assert x.grad is not None
-    torch.testing.assert_close(x.grad, sk.project(w), rtol=1e-5, atol=1e-6)
-    x.grad = None
-    (sk.complement(x) * w).sum().backward()
-    torch.testing.assert_close(x.grad, w - sk.project(w), rtol=1e-5, atol=1e-6)
+def test_gradients_match_the_dense_transpose(uniform_sketches):
+    """project's hand-written backward (Π g) is the true gradient: Πᵀ w from the dense matrix, and gradcheck in
+    float64, on sketches with empty buckets."""
+    for sk in uniform_sketches:
+        b, n = sk.h.shape
+        x = torch.randn(b, n, 3, generator=gen(14), requires_grad=True)
+        w = torch.randn(b, n, 3, generator=gen(15))
+        pi_t = sk.dense().transpose(1, 2)
+        (sk.project(x) * w).sum().backward()  # d/dx ⟨Πx, w⟩ = Πᵀ w
+        torch.testing.assert_close(x.grad, pi_t @ w, rtol=1e-5, atol=1e-6)
+        x.grad = None
+        (sk.complement(x) * w).sum().backward()
+        torch.testing.assert_close(x.grad, w - pi_t @ w, rtol=1e-5, atol=1e-6)
+        x64 = torch.randn(b, n, 2, generator=gen(16), dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(sk.project, (x64,))
+        assert torch.autograd.gradcheck(sk.complement, (x64,))
 
 
 @pytest.mark.parametrize(
