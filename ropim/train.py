@@ -14,7 +14,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -166,11 +166,125 @@ def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tenso
             registry.log_artifact(run_id, fig, "pictures", tracking_uri)
 
 
+@dataclass
+class EpochSource:
+    """Where a worker's batches come from: ``batches(epoch)`` yields (images, labels) micro batches."""
+
+    batches: Callable[[int], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    steps_per_epoch: int  # optimizer steps per epoch (each of accum_steps micro batches)
+    bad_images: Callable[[], float]  # images skipped so far: this worker's, or the dataset's when shared_count
+    shared_count: bool = False  # ray_data: one counter for all workers (not summed over them)
+
+
+def _epoch_source(cfg: PretrainConfig, config: dict, rank: int, world: int) -> EpochSource:
+    """This worker's share of the training split: a Ray Data shard (ingest=ray_data) or a DataLoader."""
+    import ray.train
+    import ray.train.torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    micro_batch = cfg.global_batch_size // (world * cfg.accum_steps)
+    if cfg.ingest == "ray_data":
+        from ropim.ingest import bad_image_summary, iter_epoch
+
+        shard = ray.train.get_dataset_shard("train")  # an equal split: every worker gets as many batches
+        counter = config.get("bad_images")
+        return EpochSource(
+            batches=lambda epoch: iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=rank),
+            steps_per_epoch=config["n_train"] // world // micro_batch // cfg.accum_steps,
+            bad_images=lambda: bad_image_summary(counter)["count"] if counter is not None else 0,
+            shared_count=True,
+        )
+    dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
+    loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=True)
+
+    def batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        sampler.set_epoch(epoch)
+        return iter(loader)
+
+    return EpochSource(batches, len(loader) // cfg.accum_steps,
+                       lambda: getattr(getattr(dataset, "bad", None), "count", 0))
+
+
+@dataclass
+class EpochTally:
+    """What one worker measured in one epoch."""
+
+    loss_sum: torch.Tensor  # sum over steps of the step's mean loss
+    steps: int = 0
+    images: int = 0
+    wait_s: float = 0.0  # time spent waiting for the next batch
+    time_s: float = 0.0
+
+
+def _train_epoch(cfg: PretrainConfig, ddp_model, model: ROPIM, optimizer, scaler, scheduler, batches, *,
+                 epoch: int, step: int, steps: int, total_steps: int, rank: int, world: int,
+                 device: torch.device) -> tuple[EpochTally, int]:
+    """Train ``steps`` optimizer steps (each over ``accum_steps`` micro batches); return the tally and the new
+    global step. A fresh sketch generator per step from (seed, step, rank); progress lines from rank 0."""
+    amp_dtype = autocast_dtype(cfg.precision)
+    tally, t0 = EpochTally(torch.zeros((), device=device)), time.perf_counter()
+    try:
+        for i in range(steps):
+            generator = sketch_generator(cfg.seed, step, rank, device)
+            for micro in range(cfg.accum_steps):
+                t_wait = time.perf_counter()
+                imgs, _ = next(batches)
+                tally.wait_s += time.perf_counter() - t_wait
+                sync = micro + 1 == cfg.accum_steps or world == 1
+                with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
+                        torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss, _, _ = ddp_model(imgs, generator)
+                    scaled = loss / cfg.accum_steps
+                    (scaler.scale(scaled) if scaler else scaled).backward()
+                tally.loss_sum += loss.detach().float() / cfg.accum_steps
+                tally.images += imgs.shape[0]
+            if scaler:
+                scaler.unscale_(optimizer)
+            if cfg.clip_grad:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tally.steps += 1
+            scheduler.step_update(step)
+            if rank == 0 and (step % cfg.log_every == 0 or i + 1 == steps):
+                rate = tally.images * world / (time.perf_counter() - t0)
+                eta = (total_steps - step) * cfg.global_batch_size / rate
+                # logging, not print: Ray Train's print patch would echo each line twice
+                log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} step {step}/{total_steps} "
+                         f"loss {loss.item():.4f} {rate:.1f} img/s ETA {eta / 60:.1f} min")
+    except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
+        pass
+    tally.time_s = time.perf_counter() - t0
+    return tally, step
+
+
+def _epoch_stats(tally: EpochTally, source: EpochSource, device: torch.device, world: int) -> dict[str, float]:
+    """The epoch's metrics over all workers: mean loss and wait share, total img/s and bad images, slowest epoch
+    time, peak memory."""
+    stats = torch.tensor([tally.loss_sum.item() / max(tally.steps, 1), tally.images, tally.time_s,
+                          peak_memory_mb(device), tally.wait_s / tally.time_s, source.bad_images()])
+    if world > 1:
+        gathered = [torch.zeros_like(stats) for _ in range(world)]
+        torch.distributed.all_gather(gathered, stats.to(device) if device.type == "cuda" else stats)
+        g = torch.stack([t.cpu() for t in gathered])
+        bad = g[:, 5].max() if source.shared_count else g[:, 5].sum()
+        stats = torch.stack([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean(), bad])
+    loss, images, time_s, peak_mb, wait_share, bad_images = stats.tolist()
+    return {"loss": loss, "img_per_s": images / time_s, "epoch_time_s": time_s, "peak_mem_mb": peak_mb,
+            "bad_images": bad_images, "data_wait_share": wait_share}
+
+
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train worker: pretrain ROPIM; rank 0 logs to MLflow and writes checkpoints."""
     import ray.train
     import ray.train.torch
-    from torch.utils.data import DataLoader, DistributedSampler
 
     cfg = PretrainConfig.from_dict(config["cfg"])
     run_id, tracking = config["run_id"], config["tracking_uri"]
@@ -192,26 +306,8 @@ def train_loop_per_worker(config: dict) -> None:
             log.info(f"[pretrain] resumed from epoch {start_epoch}, step {step}")
     ddp_model = ray.train.torch.prepare_model(model, move_to_device=False)
 
-    micro_batch = cfg.global_batch_size // (world * cfg.accum_steps)
-    if cfg.ingest == "ray_data":
-        from ropim.ingest import iter_epoch
-
-        shard = ray.train.get_dataset_shard("train")  # an equal split: every worker gets as many batches
-        steps_per_epoch = config["n_train"] // world // micro_batch // cfg.accum_steps
-
-        def epoch_batches(epoch: int):
-            return iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=rank)
-    else:
-        dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed,
-                                     drop_last=True)
-        loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True)
-        loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False, move_to_device=True)
-        steps_per_epoch = len(loader) // cfg.accum_steps
-
-        def epoch_batches(epoch: int):
-            sampler.set_epoch(epoch)
-            return iter(loader)
+    source = _epoch_source(cfg, config, rank, world)
+    steps_per_epoch = source.steps_per_epoch
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     total_steps = cfg.epochs * steps_per_epoch
@@ -219,7 +315,6 @@ def train_loop_per_worker(config: dict) -> None:
                                   warmup_t=round(cfg.warmup_epochs * steps_per_epoch), warmup_lr_init=cfg.min_lr,
                                   t_in_epochs=False)
     scheduler.step_update(step)
-    amp_dtype = autocast_dtype(cfg.precision)
     last_epoch = cfg.epochs if cfg.stop_after_epochs is None else min(cfg.epochs, start_epoch + cfg.stop_after_epochs)
     if rank == 0 and cfg.viz_every:
         from ropim.viz import validation_images
@@ -229,65 +324,11 @@ def train_loop_per_worker(config: dict) -> None:
     for epoch in range(start_epoch, last_epoch):
         torch.manual_seed(_seed(cfg.seed, epoch, rank))  # augmentation and drop path
         ddp_model.train()
-        loss_sum, n_seen, t0 = torch.zeros((), device=device), 0, time.perf_counter()
-        batches = epoch_batches(epoch)
-        done, wait = 0, 0.0
-        try:
-            for i in range(steps_per_epoch):
-                generator = sketch_generator(cfg.seed, step, rank, device)
-                for micro in range(cfg.accum_steps):
-                    t_wait = time.perf_counter()
-                    imgs, _ = next(batches)
-                    wait += time.perf_counter() - t_wait
-                    sync = micro + 1 == cfg.accum_steps or world == 1
-                    with ddp_model.no_sync() if not sync else contextlib.nullcontext(), \
-                            torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        loss, _, _ = ddp_model(imgs, generator)
-                        scaled = loss / cfg.accum_steps
-                        (scaler.scale(scaled) if scaler else scaled).backward()
-                    loss_sum += loss.detach().float() / cfg.accum_steps
-                    n_seen += imgs.shape[0]
-                if scaler:
-                    scaler.unscale_(optimizer)
-                if cfg.clip_grad:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                done += 1
-                scheduler.step_update(step)
-                if rank == 0 and (step % cfg.log_every == 0 or i + 1 == steps_per_epoch):
-                    rate = n_seen * world / (time.perf_counter() - t0)
-                    eta = (total_steps - step) * cfg.global_batch_size / rate
-                    # logging, not print: Ray Train's print patch would echo each line twice
-                    log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} step {step}/{total_steps} "
-                             f"loss {loss.item():.4f} {rate:.1f} img/s ETA {eta / 60:.1f} min")
-        except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
-            pass
-        epoch_time = time.perf_counter() - t0
-        bad = getattr(getattr(dataset, "bad", None), "count", 0) if cfg.ingest == "torch" else 0
-        stats = torch.tensor([loss_sum.item() / max(done, 1), n_seen, epoch_time, peak_memory_mb(device), bad,
-                              wait / epoch_time])
-        if world > 1:
-            gathered = [torch.zeros_like(stats) for _ in range(world)]
-            torch.distributed.all_gather(gathered, stats.to(device) if device.type == "cuda" else stats)
-            g = torch.stack([t.cpu() for t in gathered])
-            stats = torch.tensor([g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].sum(),
-                                  g[:, 5].mean()])
-        if cfg.ingest == "ray_data" and config.get("bad_images") is not None:
-            from ropim.ingest import bad_image_summary
-
-            stats[4] = bad_image_summary(config["bad_images"])["count"]
-        metrics = {
-            "loss": stats[0].item(), "lr": optimizer.param_groups[0]["lr"],
-            "img_per_s": stats[1].item() / stats[2].item(), "epoch_time_s": stats[2].item(),
-            "peak_mem_mb": stats[3].item(), "bad_images": stats[4].item(), "data_wait_share": stats[5].item(),
-            "epoch": epoch + 1, "step": step,
-        }
+        tally, step = _train_epoch(cfg, ddp_model, model, optimizer, scaler, scheduler, source.batches(epoch),
+                                   epoch=epoch, step=step, steps=steps_per_epoch, total_steps=total_steps,
+                                   rank=rank, world=world, device=device)
+        metrics = {**_epoch_stats(tally, source, device, world), "lr": optimizer.param_groups[0]["lr"],
+                   "epoch": epoch + 1, "step": step}
         if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             metrics.update(quality_metrics(model.encoder, cfg))
         if rank == 0:
