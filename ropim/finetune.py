@@ -54,7 +54,7 @@ from ropim.downstream import (
     topk_hits,
 )
 from ropim.errors import ConfigError
-from ropim.runtime import autocast_dtype, check_precision, grad_scaler, ray_session, torch_trainer
+from ropim.runtime import autocast_dtype, check_precision, grad_scaler, optimizer_step, ray_session, torch_trainer
 
 log = logging.getLogger("ropim.finetune")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
@@ -352,16 +352,7 @@ def run_loop(cfg: FinetuneConfig, run_id: str, tracking: str, session) -> None:
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = criterion(ddp_model(x), y)
             (scaler.scale(loss) if scaler else loss).backward()
-            if scaler:
-                scaler.unscale_(optimizer)
-            if cfg.clip_grad:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(optimizer, scaler, model.parameters(), cfg.clip_grad)
             step += 1
             scheduler.step_update(step)
             loss_sum += loss.detach().float()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,6 +29,21 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 def grad_scaler(precision: str) -> torch.amp.GradScaler | None:
     """A CUDA grad scaler for fp16, else None."""
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+                   params: Iterable[torch.nn.Parameter], clip_grad: float | None) -> None:
+    """One optimizer step on the accumulated gradients: unscale (fp16), clip to ``clip_grad``, step, zero."""
+    if scaler:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(params, clip_grad)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 @contextlib.contextmanager

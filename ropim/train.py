@@ -28,7 +28,7 @@ from ropim.checkpoint import load_checkpoint, read_run_meta, save_checkpoint, wr
 from ropim.data import DataConfig, build_dataset, count_images, eval_transform, pretrain_transform
 from ropim.errors import ConfigError
 from ropim.model import ROPIM, ModelConfig, encoder_kwargs
-from ropim.runtime import autocast_dtype, check_precision, grad_scaler, ray_session, torch_trainer
+from ropim.runtime import autocast_dtype, check_precision, grad_scaler, optimizer_step, ray_session, torch_trainer
 
 log = logging.getLogger("ropim.train")
 INGESTS = ("torch", "ray_data")
@@ -240,16 +240,7 @@ def _train_epoch(cfg: PretrainConfig, ddp_model, model: ROPIM, optimizer, scaler
                     (scaler.scale(scaled) if scaler else scaled).backward()
                 tally.loss_sum += loss.detach().float() / cfg.accum_steps
                 tally.images += imgs.shape[0]
-            if scaler:
-                scaler.unscale_(optimizer)
-            if cfg.clip_grad:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(optimizer, scaler, model.parameters(), cfg.clip_grad)
             step += 1
             tally.steps += 1
             scheduler.step_update(step)
