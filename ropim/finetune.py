@@ -492,7 +492,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, object]:
         return {**run.data.metrics, "epoch": cfg.epochs, "run_id": run_id, "run_name": cfg.run_name,
                 "classifier_uri": run.data.tags.get("ropim.classifier_uri")}
     where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-    print(f"[{kind}] run {cfg.run_name} {where}: {ref.label} on {dataset_name(data)} at {img_size}px, "
+    source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
+    print(f"[{kind}] run {cfg.run_name} {where}: {source} on {dataset_name(data)} at {img_size}px, "
           f"MLflow run {run_id}", flush=True)
     try:
         metrics, final = _fit(cfg, run_id, tracking)

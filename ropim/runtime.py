@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -66,6 +68,20 @@ def ray_session(needed: bool = True) -> Iterator[None]:
             ray.shutdown()
 
 
+def _without_report_lines(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
+    """``train_loop`` with Ray Train's per-report INFO line ("Reporting training result N: TrainingReport(...)",
+    once per worker per report, from a logger named after its file that LoggingConfig does not reach) off."""
+
+    @functools.wraps(train_loop)
+    def loop(config: dict) -> None:
+        from ray.train.v2._internal.execution import context
+
+        logging.getLogger(context.__file__).setLevel(logging.WARNING)
+        train_loop(config)
+
+    return loop
+
+
 def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict, *, num_workers: int, use_gpu: bool,
                   cpus_per_worker: float, run_name: str, storage_path: str, keep_checkpoints: int,
                   max_failures: int, callbacks: list | None = None, datasets: dict | None = None):
@@ -76,7 +92,7 @@ def torch_trainer(train_loop: Callable[[dict], None], loop_config: dict, *, num_
     from ray.train.torch import TorchTrainer
 
     return TorchTrainer(
-        train_loop,
+        _without_report_lines(train_loop),
         train_loop_config=loop_config,
         datasets=datasets,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,

@@ -323,6 +323,10 @@ def train_loop_per_worker(config: dict) -> None:
         if rank == 0 and cfg.eval_every and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
             metrics.update(quality_metrics(model.encoder, cfg))
         if rank == 0:
+            quality = "".join(f" {k} {metrics[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in metrics)
+            log.info(f"[pretrain] epoch {epoch + 1}/{cfg.epochs} loss {metrics['loss']:.4f} "
+                     f"{metrics['img_per_s']:.1f} img/s data wait {100 * metrics['data_wait_share']:.1f}%"
+                     f" {metrics['epoch_time_s']:.1f} s{quality}")
             registry.log_metrics(run_id, {k: v for k, v in metrics.items() if k != "epoch"}, epoch + 1, tracking)
             if cfg.viz_every and ((epoch + 1) % cfg.viz_every == 0 or epoch + 1 == cfg.epochs):
                 log_pictures(run_id, tracking, model, viz_imgs, epoch + 1, cfg.seed, figure5=epoch + 1 == cfg.epochs)
