@@ -13,8 +13,9 @@ with pyarrow + PIL in shard order (no shuffling, so the subset is the same on ev
 
 Model — the same CPU-size ViT for every method: ViT-T width (192, 3 heads) with ``--depth`` blocks (default 6),
 32×32 images, 4×4 patches (64 tokens), linear decoder, the ROPIM library model (``ropim.model.ROPIM``) with
-``corruption`` = ``rop`` (rho 1/7), ``mask`` (SimMIM, ratio 0.6, mask unit = one patch at 32²) — nothing else
-differs. Every method starts from the same initial weights (seeded); "none" (no pretraining) evaluates those.
+``corruption`` = ``rop`` (``--rho``, default 1/7), ``mask`` (SimMIM, ``--mask-ratio``, default 0.6, mask unit = one
+patch at 32²) — nothing else differs. Every method starts from the same initial weights (seeded); "none" (no
+pretraining) evaluates those.
 
 Pretraining — identical for rop and mask: same images, epochs, batch, AdamW (β 0.9/0.95, wd 0.05, none on
 norms/biases/pos/cls/mask token via ``ROPIM.no_weight_decay``) from timm's ``create_optimizer_v2``, cosine
@@ -73,7 +74,13 @@ from ropim.viz import save_reconstruction_grid
 DATA = Path("/work/shared/datasets/cifar10")
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("rop", "mask", "none")  # "none" = no pretraining (the corruption key is only used for rop/mask)
-LABEL = {"rop": "ROPIM (rop, rho 1/7)", "mask": "SimMIM (mask 0.6)", "none": "no pretraining"}
+
+
+def label(method: str, args: argparse.Namespace) -> str:
+    """The table's name for ``method`` with its ratio."""
+    rho = "1/7" if abs(args.rho - 1 / 7) < 1e-9 else f"{args.rho:g}"
+    return {"rop": f"ROPIM (rop, rho {rho})", "mask": f"SimMIM (mask {args.mask_ratio:g})",
+            "none": "no pretraining"}[method]
 TINY = dict(pretrain_images=512, labelled_images=256, test_images=256, depth=2, pretrain_epochs=1,
             finetune_epochs=1, batch_size=64, warmup_epochs=0.5)
 
@@ -145,8 +152,9 @@ def finetune_transform(img_size: int) -> v2.Compose:
 
 
 def model_config(args, corruption: str) -> ModelConfig:
-    return ModelConfig(arch="vit_tiny_patch16_224", img_size=32, patch_size=4, depth=args.depth, rho=1 / 7,
-                       corruption=corruption if corruption != "none" else "rop", mask_ratio=0.6).validate()
+    return ModelConfig(arch="vit_tiny_patch16_224", img_size=32, patch_size=4, depth=args.depth, rho=args.rho,
+                       corruption=corruption if corruption != "none" else "rop",
+                       mask_ratio=args.mask_ratio).validate()
 
 
 def build_model(args, corruption: str, seed: int) -> ROPIM:
@@ -248,6 +256,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--pretrain-epochs", type=int, default=6)
+    p.add_argument("--rho", type=float, default=1 / 7, help="ROPIM's sketch ratio (default 1/7, the paper's)")
+    p.add_argument("--mask-ratio", type=float, default=0.6, help="SimMIM's mask ratio (default 0.6)")
     p.add_argument("--pretrain-base-lr", type=float, default=4e-3, help="lr = base × batch / 512 (default 5e-4)")
     p.add_argument("--finetune-epochs", type=int, default=4)
     p.add_argument("--finetune-base-lr", type=float, default=1e-2,
@@ -284,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for seed in args.seeds:
         for method in args.methods:
-            log(f"[{method} seed {seed}] {LABEL[method]}")
+            log(f"[{method} seed {seed}] {label(method, args)}")
             model = build_model(args, method, seed)
             row = {"method": method, "seed": seed, "config": config_dict(model.cfg)}
             if method != "none":
@@ -352,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
         s = summary[method]
         mine = [r for r in rows if r["method"] == method and "pretrain" in r]
         rate = f"{statistics.fmean(r['pretrain']['img_per_s'] for r in mine):.0f}" if mine else "-"
-        log(f"{LABEL[method]:<24}{s['pretrain_time_s'] / 60:>13.1f}{rate:>8}{s['knn_top1']:>7.2f}%"
+        log(f"{label(method, args):<24}{s['pretrain_time_s'] / 60:>13.1f}{rate:>8}{s['knn_top1']:>7.2f}%"
             f"{s['linear_probe_top1']:>11.2f}%{s['finetune_top1']:>10.2f}%")
     for k, v in gaps.items():
         log(f"{k}: {v:+.2f} points")
