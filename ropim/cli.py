@@ -1,121 +1,64 @@
-"""The ``ropim`` command: subcommands over the library, configs from YAML files, presets and flags.
+"""The ``ropim`` command: one jsonargparse parser over the typed configs, a subcommand per job.
 
-Every subcommand takes ``--config FILE`` and ``--preset NAME`` (a YAML shipped in
-``ropim/presets/<command>/``), then dotted overrides such as ``--model.rho 0.25``; later wins.
+Every job subcommand takes ``--config FILE`` and ``--preset NAME`` (a YAML shipped in ``ropim/presets/<command>/``,
+an ordinary config file), then dotted overrides such as ``--model.rho 0.25``, applied in order (later wins).
+Parsing imports only the config modules; torch, Ray and MLflow are imported when a command runs, so ``--help``
+and bad input answer at once. Other packages add subcommands through the ``ropim.commands`` entry point group
+(``ropim sweep`` comes from ``tune``): an object with ``help``, ``parser()``, ``run(namespace)`` and ``presets()``.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from ropim.errors import ConfigError
 
 PRESETS = Path(__file__).with_name("presets")
+ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
 
 
-def presets(command: str | None = None) -> dict[str, Path]:
-    """Shipped presets as {'command/name': path}."""
-    return {f"{p.parent.name}/{p.stem}": p for p in sorted(PRESETS.glob(f"{command or '*'}/*.yaml"))}
+def shipped_presets(folder: Path) -> dict[str, Path]:
+    """The YAML presets in ``folder``: {name: path}."""
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
-def _expand_presets(command: str, argv: list[str]) -> list[str]:
-    """Turn ``--preset NAME`` into ``--config <shipped file>`` so it composes with other flags in order."""
-    out, it = [], iter(argv)
-    for arg in it:
-        if arg == "--preset":
-            name = next(it, "")
-        elif arg.startswith("--preset="):
-            name = arg.removeprefix("--preset=")
-        else:
-            out.append(arg)
-            continue
-        path = presets(command).get(f"{command}/{name}")
-        if path is None:
-            known = ", ".join(k.split("/", 1)[1] for k in presets(command)) or "none"
-            raise SystemExit(f"ropim {command}: unknown --preset {name!r}; shipped presets: {known}")
-        out += ["--config", str(path)]
-    return out
+def preset_action(folders: dict[str, Path]) -> type[ActionConfigFile]:
+    """A config-file action whose option strings in ``folders`` take a preset NAME from that folder; the others
+    (``--config``) take a file path. Either is applied where it stands among the flags."""
+
+    class ConfigOrPreset(ActionConfigFile):
+        def __call__(self, parser, cfg, values, option_string=None):
+            folder = folders.get(option_string or "")
+            if folder is not None:
+                found = shipped_presets(folder)
+                if values not in found:
+                    known = ", ".join(found) or "none"
+                    raise ConfigError(f"unknown {option_string} {values!r}; shipped presets: {known}")
+                values = str(found[values])
+            super().__call__(parser, cfg, values, option_string)
+
+    return ConfigOrPreset
 
 
-def _data_shorthand(argv: list[str]) -> list[str]:
-    """``--data SOURCE`` (not a YAML file or mapping) means ``--data.source SOURCE``."""
-    out, i = [], 0
-    while i < len(argv):
-        arg, value = argv[i], None
-        if arg == "--data" and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 1
-        elif arg.startswith("--data="):
-            value = arg.removeprefix("--data=")
-        if value is None or value.lstrip().startswith("{") or value.endswith((".yaml", ".yml", ".json")):
-            out += [arg] if value is None else ["--data", value]
-        else:
-            out += ["--data.source", value]
-        i += 1
-    return out
-
-
-def _sub(config_cls, description: str) -> ArgumentParser:
+def job_parser(config_cls: type, command: str, description: str) -> ArgumentParser:
+    """A subcommand's parser: ``--config FILE`` / ``--preset NAME``, then every field of ``config_cls``."""
     parser = ArgumentParser(description=description)
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML config file (repeatable; later wins)")
-    parser.add_argument("--preset", type=str, help="a shipped preset (`ropim presets`), applied where it stands")
+    parser.add_argument("--config", "--preset", action=preset_action({"--preset": PRESETS / command}),
+                        help="a YAML config file, or (--preset) a shipped preset name (`ropim presets`); repeatable, "
+                             "applied where it stands")
     parser.add_class_arguments(config_cls, nested_key=None, as_group=False)
     return parser
 
 
-def build_parser() -> ArgumentParser:
-    """The ``ropim`` parser with its subcommands."""
-    from ropim.finetune import FinetuneConfig
-    from ropim.pipeline import DemoConfig
-    from ropim.probe import ProbeConfig
-    from ropim.train import PretrainConfig
-    from ropim.transfer import TransferConfig
-    from ropim.viz import VizConfig
-
-    parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
-    sub = parser.add_subcommands(dest="command")
-    pretrain = _sub(PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it.")
-    pretrain.add_argument("--resume", type=str, help="continue the named run with its stored config "
-                          "(num_workers, use_gpu, stop_after_epochs, max_failures may change)")
-    sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
-    sub.add_subcommand("finetune", _sub(FinetuneConfig, "Fine-tune a classifier from an encoder (models:/name/"
-                                        "version, models:/name@alias, runs:/…, or a local folder) on Ray Train "
-                                        "(num_workers=0: in this process); register it as ropim-classifier."),
-                       help="fine-tune from an encoder URI and report top-1 / top-5")
-    sub.add_subcommand("probe", _sub(ProbeConfig, "Linear probe and cosine kNN on frozen features of an encoder."),
-                       help="linear probe + kNN top-1 / top-5 of a frozen encoder")
-    sub.add_subcommand("transfer", _sub(TransferConfig, "Fine-tune (or --mode probe) every encoder of --encoders "
-                                        "A,B on every source of --data D1,D2; print and save the table."),
-                       help="encoders x data sets table (CSV / Markdown / JSON)")
-    sub.add_subcommand("demo", _sub(DemoConfig, "Pretrain -> register -> fine-tune vs random init."),
-                       help="the main job end to end (default: the digits_demo preset)")
-    sub.add_subcommand("viz", _sub(VizConfig, "Reconstruction grid (paper Figs. 3/6/7) from a checkpoint or a "
-                                   "registered encoder, and the token-error histograms of Fig. 5, as PNGs."),
-                       help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
-    sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
-    sub.add_subcommand("sweep", ArgumentParser(description="Ray Tune + Optuna sweeps; see `ropim sweep --help`."),
-                       help="sweep rho / lr / epochs on Ray Tune (+ Optuna); register the best encoder")
-    data = ArgumentParser(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
-    sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
-    data_sub = data.add_subcommands(dest="action")
-    convert = _source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
-    convert.add_argument("dst", type=str, help="output folder or URI (s3://…)")
-    convert.add_argument("--shard-size", "--shard_size", type=int, default=1000, help="images per shard")
-    convert.add_argument("--shuffle", type=bool, default=True, help="write items in a seeded random order")
-    convert.add_argument("--seed", type=int, default=0, help="seed of that order")
-    data_sub.add_subcommand("convert", convert, help="SRC DST: write Parquet shards, resumable")
-    inspect = _source_parser("Print a source's format, images per split, classes and image sizes.")
-    inspect.add_argument("--sample", type=int, default=200, help="images whose sizes are read")
-    data_sub.add_subcommand("inspect", inspect, help="PATH: format, split sizes, classes, image sizes")
-    return parser
-
-
-def _source_parser(description: str) -> ArgumentParser:
+def source_parser(description: str) -> ArgumentParser:
     """SRC plus the DataConfig fields that say how to read it."""
-    from ropim.data import DataConfig
+    from ropim.data.config import DataConfig
 
     parser = ArgumentParser(description=description)
     parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
@@ -130,100 +73,202 @@ def _source_parser(description: str) -> ArgumentParser:
     return parser
 
 
-def _run_data(ns) -> None:
-    """``ropim data convert|inspect``."""
-    from ropim.data import DataConfig
+def add_data_command(sub) -> None:
+    """``ropim data convert SRC DST`` and ``ropim data inspect PATH`` (a parent level is added before its children)."""
+    data = ArgumentParser(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
+    sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
+    actions = data.add_subcommands(dest="action")
+    convert = source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
+    convert.add_argument("dst", type=str, help="output folder or URI (s3://…)")
+    convert.add_argument("--shard-size", "--shard_size", type=int, default=1000, help="images per shard")
+    convert.add_argument("--shuffle", type=bool, default=True, help="write items in a seeded random order")
+    convert.add_argument("--seed", type=int, default=0, help="seed of that order")
+    actions.add_subcommand("convert", convert, help="SRC DST: write Parquet shards, resumable")
+    inspect = source_parser("Print a source's format, images per split, classes and image sizes.")
+    inspect.add_argument("--sample", type=int, default=200, help="images whose sizes are read")
+    actions.add_subcommand("inspect", inspect, help="PATH: format, split sizes, classes, image sizes")
 
-    action = ns.action
-    if action is None:
-        raise SystemExit("ropim data: choose convert or inspect (see `ropim data --help`)")
-    args = ns[action]
+
+def plugins() -> dict[str, object]:
+    """Subcommands other installed packages provide (entry point group ``ropim.commands``)."""
+    return {ep.name: ep.load() for ep in entry_points(group="ropim.commands")}
+
+
+def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
+    """The ``ropim`` parser with its subcommands, and the plugin commands it holds."""
+    from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
+    from ropim.train.config import FinetuneConfig, PretrainConfig
+    from ropim.viz.config import VizConfig
+
+    parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
+    sub = parser.add_subcommands(dest="command")
+    pretrain = job_parser(PretrainConfig, "pretrain", "Pretrain a ViT with ROPIM on Ray Train; register it.")
+    pretrain.add_argument("--resume", type=str | None, default=None,
+                          help="continue the named run with its stored config (num_workers, use_gpu, "
+                               "stop_after_epochs, max_failures may change)")
+    sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
+    sub.add_subcommand("finetune", job_parser(FinetuneConfig, "finetune", "Fine-tune a classifier from an encoder "
+                                              "(models:/name/version, models:/name@alias, runs:/…, or a local "
+                                              "folder) on Ray Train (num_workers=0: in this process); register it "
+                                              "as ropim-classifier."),
+                       help="fine-tune from an encoder URI and report top-1 / top-5")
+    sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
+                       help="linear probe + kNN top-1 / top-5 of a frozen encoder")
+    sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "
+                                              "encoder of --encoders A,B on every source of --data D1,D2."),
+                       help="encoders x data sets table (CSV / Markdown / JSON)")
+    demo = job_parser(DemoConfig, "demo", "Pretrain -> register -> fine-tune vs random init (default preset: "
+                                          "digits_demo).")
+    demo.default_config_files = [str(PRESETS / "demo" / "digits_demo.yaml")]
+    sub.add_subcommand("demo", demo, help="the main job end to end (default: the digits_demo preset)")
+    sub.add_subcommand("viz", job_parser(VizConfig, "viz", "Reconstruction grid (paper Figs. 3/6/7) from a "
+                                         "checkpoint or a registered encoder, and the token-error histograms of "
+                                         "Fig. 5, as PNGs."),
+                       help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
+    sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
+    add_data_command(sub)
+    found = plugins()
+    for name, command in found.items():
+        sub.add_subcommand(name, command.parser(), help=command.help)
+    return parser, found
+
+
+def config(ns: Namespace, cls: type):
+    """Build ``cls`` from a subcommand namespace (the config-file and extra flags dropped)."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in ns.items() if k in names})
+
+
+def run_presets(plugin_commands: dict[str, object]) -> None:
+    """``ropim presets``: every shipped preset with the first line of its file."""
+    listed = {f"{folder.name}/{name}": path for folder in sorted(PRESETS.iterdir()) if folder.is_dir()
+              for name, path in shipped_presets(folder).items()}
+    for command_name, command in plugin_commands.items():
+        listed |= {f"{command_name}/{name}": path for name, path in command.presets().items()}
+    for name, path in listed.items():
+        print(f"{name:<28} {path.read_text().splitlines()[0].lstrip('# ')}")
+
+
+def run_data(ns: Namespace) -> None:
+    """``ropim data convert|inspect``."""
+    from ropim.data.config import DataConfig
+
+    if ns.action is None:
+        raise ConfigError("ropim data: choose convert or inspect (see `ropim data --help`)")
+    args = ns[ns.action]
     cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
                      split_seed=args.split_seed, on_bad_image=args.on_bad_image)
-    try:
-        if action == "convert":
-            from ropim.convert import convert
+    if ns.action == "convert":
+        from ropim.data.convert import convert
 
-            rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
-            images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
-            print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
-                  f"bad images skipped {rep.bad_images}")
-        else:
-            from ropim.summary import format_summary, inspect_source
+        rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+        images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
+        print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
+              f"bad images skipped {rep.bad_images}")
+    else:
+        from ropim.data.inspect import format_summary, inspect_source
 
-            print(format_summary(inspect_source(cfg, args.sample)))
-    except (ConfigError, FileNotFoundError, OSError) as err:
-        raise SystemExit(f"ropim data {action}: {err}") from None
+        print(format_summary(inspect_source(cfg, args.sample)))
 
 
-def _config(ns, cls):
-    """Build ``cls`` from a subcommand namespace (dropping --config/--preset)."""
-    values = {k: v for k, v in ns.items() if k not in ("config", "preset", "resume", "__path__")}
-    return cls(**values)
+def preflight(cfg):
+    """Validate ``cfg`` and reach the tracking store before anything heavy is imported; return ``cfg``."""
+    from ropim.tracking.uri import check_tracking, tracking_uri
+
+    cfg.validate()
+    check_tracking(tracking_uri())
+    return cfg
+
+
+def run_pretrain(ns: Namespace) -> None:
+    from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+
+    cfg = config(ns, PretrainConfig)
+    if ns.resume:
+        from ropim.train.pretrain import resume_config
+
+        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
+    preflight(cfg)
+    from ropim.train.pretrain import pretrain
+
+    result = pretrain(cfg)
+    print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
+
+
+def run_finetune(ns: Namespace) -> None:
+    from ropim.train.config import FinetuneConfig
+
+    cfg = preflight(config(ns, FinetuneConfig))
+    from ropim.train.finetune import finetune
+
+    metrics = finetune(cfg)
+    if "top1" in metrics:
+        print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
+              f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
+
+
+def run_probe(ns: Namespace) -> None:
+    from ropim.flows.config import ProbeConfig
+
+    cfg = preflight(config(ns, ProbeConfig))
+    from ropim.flows.probe import probe
+
+    r = probe(cfg)
+    print(f"linear top-1 {r['linear']['top1']:.2f}% top-5 {r['linear']['top5']:.2f}%  "
+          f"kNN top-1 {r['knn']['top1']:.2f}% top-5 {r['knn']['top5']:.2f}%  (MLflow run {r['run_id']})")
+
+
+def run_transfer(ns: Namespace) -> None:
+    from ropim.flows.config import TransferConfig
+
+    cfg = preflight(config(ns, TransferConfig))
+    from ropim.flows.transfer import transfer
+
+    transfer(cfg)
+
+
+def run_demo(ns: Namespace) -> None:
+    from ropim.flows.config import DemoConfig
+
+    cfg = preflight(config(ns, DemoConfig))
+    from ropim.flows.demo import run_demo as demo
+
+    demo(cfg)
+
+
+def run_viz(ns: Namespace) -> None:
+    from ropim.viz.config import VizConfig
+
+    cfg = config(ns, VizConfig).validate()
+    from ropim.viz.command import describe
+    from ropim.viz.command import run_viz as viz
+
+    print(describe(viz(cfg)))
+
+
+RUNNERS: dict[str, Callable[[Namespace], None]] = {
+    "pretrain": run_pretrain, "finetune": run_finetune, "probe": run_probe, "transfer": run_transfer,
+    "demo": run_demo, "viz": run_viz, "data": run_data,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``ropim`` console script."""
+    """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command == "sweep":  # tune parses its own flags; its presets live in tune/, not ropim/presets
-        from tune.sweep import main as sweep_main
-
-        sweep_main(argv[argv.index("sweep") + 1:])
-        return
-    if command == "demo" and not any(a.startswith(("--preset", "--config")) for a in argv):
-        argv.insert(argv.index("demo") + 1, "--preset=digits_demo")
-    if command:
-        argv = _expand_presets(command, argv)
-    if command in ("finetune", "probe"):
-        argv = _data_shorthand(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "presets":
-        for name, path in presets().items():
-            head = path.read_text().splitlines()[0].lstrip("# ")
-            print(f"{name:<28} {head}")
-        return
-    if args.command == "data":
-        _run_data(args.data)
-        return
-    ns = parser.instantiate(args)[args.command]
+    command = next((a for a in argv if not a.startswith("-")), "ropim")
     try:
-        if args.command == "pretrain":
-            from ropim.train import RESUMABLE, PretrainConfig, pretrain, resume_config
-
-            cfg = _config(ns, PretrainConfig)
-            if ns.resume:
-                cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in RESUMABLE})
-            result = pretrain(cfg)
-            print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
-        elif args.command == "finetune":
-            from ropim.finetune import FinetuneConfig, finetune
-
-            metrics = finetune(_config(ns, FinetuneConfig))
-            if "top1" in metrics:
-                print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
-                      f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
-        elif args.command == "probe":
-            from ropim.probe import ProbeConfig, probe
-
-            r = probe(_config(ns, ProbeConfig))
-            print(f"linear top-1 {r['linear']['top1']:.2f}% top-5 {r['linear']['top5']:.2f}%  "
-                  f"kNN top-1 {r['knn']['top1']:.2f}% top-5 {r['knn']['top5']:.2f}%  (MLflow run {r['run_id']})")
-        elif args.command == "transfer":
-            from ropim.transfer import TransferConfig, transfer
-
-            transfer(_config(ns, TransferConfig))
-        elif args.command == "demo":
-            from ropim.pipeline import DemoConfig, run_demo
-
-            run_demo(_config(ns, DemoConfig))
-        elif args.command == "viz":
-            from ropim.viz import VizConfig, describe, run_viz
-
-            print(describe(run_viz(_config(ns, VizConfig))))
-    except (ConfigError, LookupError, ConnectionError, FileNotFoundError) as err:
-        raise SystemExit(f"ropim {args.command}: {err}") from None
+        parser, plugin_commands = build_parser()
+        args = parser.parse_args(argv)
+        if args.command == "presets":
+            run_presets(plugin_commands)
+            return
+        ns = parser.instantiate(args)[args.command] if args.command != "data" else args.data
+        run = plugin_commands[args.command].run if args.command in plugin_commands else RUNNERS[args.command]
+        run(ns)
+    except ERRORS as err:
+        raise SystemExit(f"ropim {command}: {err}") from None
 
 
 if __name__ == "__main__":

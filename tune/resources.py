@@ -17,29 +17,26 @@ import time
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from ropim.train import train_loop_per_worker
+from ropim.tracking.runs import storage_fs
+from ropim.train.loop import Worker
+from ropim.train.runtime import WorkerFn
 
 PG_FOLDER = "placement_groups"
 GRACE_S = 5.0  # after a trial ends, before its group is removed (its controller must be gone by then)
 
 
-def _fs(path: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
-
-
-def recording_train_loop(config: dict) -> None:
-    """``train_loop_per_worker`` that first records rank 0's placement group under ``<storage>/<run>/``."""
-    import ray.train
+def record_placement_group(worker_fn: WorkerFn, config: dict, worker: Worker) -> None:
+    """Run ``worker_fn`` after recording rank 0's placement group under ``<storage>/<run>/``."""
     from ray.util import get_current_placement_group
 
     pg = get_current_placement_group()
-    if pg is not None and ray.train.get_context().get_world_rank() == 0:
+    if pg is not None and worker.rank == 0:
         cfg = config["cfg"]
-        fs, folder = _fs(f"{cfg['storage_path']}/{cfg['run_name']}/{PG_FOLDER}")
+        fs, folder = storage_fs(f"{cfg['storage_path']}/{cfg['run_name']}/{PG_FOLDER}")
         fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(f"{folder}/{pg.id.hex()}"):
             pass
-    train_loop_per_worker(config)
+    worker_fn(config, worker)
 
 
 def release(run_dir: str) -> int:
@@ -47,7 +44,7 @@ def release(run_dir: str) -> int:
     import ray
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-    fs, folder = _fs(f"{run_dir}/{PG_FOLDER}")
+    fs, folder = storage_fs(f"{run_dir}/{PG_FOLDER}")
     if fs.get_file_info(folder).type != pafs.FileType.Directory:
         return 0
     removed = 0
@@ -65,7 +62,7 @@ def release(run_dir: str) -> int:
 
 def release_all(train_storage: str) -> int:
     """``release`` every trial folder under the sweep's Train storage (call when no trial of it runs)."""
-    fs, root = _fs(train_storage)
+    fs, root = storage_fs(train_storage)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         return 0
     return sum(release(f"{train_storage}/{info.base_name}") for info in fs.get_file_info(pafs.FileSelector(root))
