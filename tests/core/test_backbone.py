@@ -1,0 +1,215 @@
+"""ropim.core.backbone: the vit and beit encoders, the hand-written forward, and the BEiT-style classifier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.models.beit import RelativePositionBias
+from timm.optim import create_optimizer_v2
+
+from ropim.core.backbone import (
+    ARCHS,
+    BACKBONES,
+    WIDTHS,
+    backbone_of,
+    build_classifier,
+    create_encoder,
+    encode_patch_embeddings,
+    encoder_spec,
+    no_weight_decay,
+)
+from ropim.errors import ConfigError
+
+TINY = dict(img_size=32, patch_size=4, depth=2)  # an 8x8 grid: 64 tokens
+
+
+def spec(backbone: str, arch: str = "vit_tiny_patch16_224", **kw) -> tuple[str, dict]:
+    return encoder_spec(backbone, arch, **{**TINY, **kw})
+
+
+def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with every parameter perturbed, so zero-initialised ones (bias tables, q/v biases) matter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def imgs(n: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def test_beit_is_the_papers_backbone():
+    enc = create_encoder(*spec("beit", drop_path_rate=0.1))
+    assert enc.pos_embed is None
+    shared = [m for m in enc.modules() if isinstance(m, RelativePositionBias)]
+    assert len(shared) == 1 and shared[0] is enc.rel_pos_bias
+    assert enc.rel_pos_bias.relative_position_bias_table.shape == (15 * 15 + 3, 3)
+    for blk in enc.blocks:
+        assert blk.attn.relative_position_bias_table is None
+        assert blk.attn.q_bias is not None and blk.attn.v_bias is not None
+        assert torch.equal(blk.gamma_1, torch.full((192,), 0.1)) and torch.equal(blk.gamma_2, torch.full((192,), 0.1))
+        assert blk.norm1.eps == 1e-6
+    assert enc.norm.eps == 1e-6
+    assert enc.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
+    assert enc(imgs()).shape == (2, 192)  # num_classes=0: pooled features
+    assert len(create_encoder(*spec("beit", depth=None, img_size=16)).blocks) == 12
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_beit_widths(arch):
+    enc = create_encoder(*spec("beit", arch, depth=1))
+    assert (enc.embed_dim, enc.blocks[0].attn.num_heads) == WIDTHS[arch]
+
+
+def test_vit_is_timms_vision_transformer():
+    name, kwargs = spec("vit")
+    assert name == "vit_tiny_patch16_224"
+    enc = create_encoder(name, kwargs)
+    assert isinstance(enc, timm.models.VisionTransformer)
+    assert enc.pos_embed.shape == (1, 1 + 64, 192)
+    assert not hasattr(enc.blocks[0], "gamma_1") and isinstance(enc.blocks[0].ls1, torch.nn.Identity)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_hand_written_forward_is_timms(backbone):
+    enc = randomized(create_encoder(*spec(backbone)))
+    x = imgs()
+    with torch.no_grad():
+        ours = encode_patch_embeddings(enc, enc.patch_embed(x))
+        theirs = enc.forward_features(x)[:, enc.num_prefix_tokens:]
+    assert ours.shape == (2, 64, 192)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    enc.set_grad_checkpointing(True)  # same numbers through checkpointed blocks
+    torch.testing.assert_close(encode_patch_embeddings(enc, enc.patch_embed(x)), ours, rtol=1e-5, atol=1e-6)
+
+
+def test_vit_forward_handles_no_embed_class_and_registers():
+    name, kwargs = spec("vit")
+    enc = randomized(create_encoder(name, kwargs, no_embed_class=True, reg_tokens=2))
+    x = imgs()
+    with torch.no_grad():
+        ours = encode_patch_embeddings(enc, enc.patch_embed(x))
+        theirs = enc.forward_features(x)[:, enc.num_prefix_tokens:]
+    assert enc.num_prefix_tokens == 3 and ours.shape == (2, 64, 192)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_spec_rebuilds_the_encoder_with_plain_timm(backbone):
+    name, kwargs = spec(backbone, in_chans=1, drop_path_rate=0.1)
+    enc = randomized(create_encoder(name, kwargs))
+    stored = json.loads(json.dumps({"arch": name, "timm_kwargs": kwargs}))  # what config.json keeps
+    rebuilt = timm.create_model(stored["arch"], pretrained=False, **stored["timm_kwargs"]).eval()
+    assert list(rebuilt.state_dict()) == list(enc.state_dict())
+    rebuilt.load_state_dict(enc.state_dict())
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), enc(x))
+    assert backbone_of(name) == backbone
+
+
+def test_no_weight_decay_names():
+    beit = create_encoder(*spec("beit"))
+    assert "pos_embed" in beit.no_weight_decay()  # timm lists it although the model has none
+    assert no_weight_decay(beit) == {"cls_token", "rel_pos_bias.relative_position_bias_table"}
+    assert no_weight_decay(create_encoder(*spec("vit"))) == {"cls_token", "pos_embed"}
+    clf = build_classifier(*spec("beit"), None, num_classes=5).model
+    assert no_weight_decay(clf) == {"cls_token"} | {f"blocks.{i}.attn.relative_position_bias_table" for i in (0, 1)}
+
+
+def test_beit_classifier_copies_the_shared_bias_into_every_block():
+    name, kwargs = spec("beit", depth=3)
+    enc = randomized(create_encoder(name, kwargs))
+    clf = build_classifier(name, kwargs, enc.state_dict(), num_classes=0)
+    model = clf.model.eval()
+    assert model.rel_pos_bias is None
+    shared = enc.rel_pos_bias.relative_position_bias_table
+    for blk in model.blocks:
+        assert torch.equal(blk.attn.relative_position_bias_table, shared)
+        assert torch.equal(blk.attn.relative_position_index, enc.rel_pos_bias.relative_position_index)
+    assert "copied into each of the 3 blocks" in clf.summary() and "resampled" not in clf.summary()
+    x = imgs()
+    with torch.no_grad():  # per-block copies compute what the shared bias did
+        torch.testing.assert_close(model(x), enc(x), rtol=1e-5, atol=1e-6)
+    assert clf.kwargs["use_rel_pos_bias"] and not clf.kwargs["use_shared_rel_pos_bias"]
+    rebuilt = timm.create_model(clf.name, pretrained=False, **json.loads(json.dumps(clf.kwargs)))
+    assert list(rebuilt.state_dict()) == list(model.state_dict())
+
+
+def test_beit_classifier_resamples_the_bias_table_at_a_new_resolution():
+    name, kwargs = spec("beit")
+    enc = randomized(create_encoder(name, kwargs))
+    clf = build_classifier(name, kwargs, enc.state_dict(), num_classes=7, img_size=48, drop_path=0.1)
+    model = clf.model.eval()
+    shared = enc.rel_pos_bias.relative_position_bias_table  # (15² + 3, heads) on the 8x8 grid
+    table = model.blocks[1].attn.relative_position_bias_table
+    assert table.shape == (23 * 23 + 3, 3)  # 12x12 grid
+    expected = F.interpolate(shared[:-3].T.reshape(1, 3, 15, 15), size=(23, 23), mode="bicubic",
+                             align_corners=False).reshape(3, -1).T
+    torch.testing.assert_close(table[:-3], expected)
+    assert torch.equal(table[-3:], shared[-3:])
+    assert torch.equal(model.blocks[0].attn.relative_position_bias_table, table)
+    assert model.blocks[0].attn.relative_position_index.shape == (145, 145)
+    assert "8x8 to a 12x12 grid" in clf.summary() and "copied" in clf.summary()
+    with torch.no_grad():
+        assert model(imgs(size=48)).shape == (2, 7)
+
+
+def test_vit_classifier_resamples_the_position_embedding():
+    name, kwargs = spec("vit")
+    enc = randomized(create_encoder(name, kwargs))
+    same = build_classifier(name, kwargs, enc.state_dict(), num_classes=0).model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(same(imgs()), enc(imgs()))
+    clf = build_classifier(name, kwargs, enc.state_dict(), num_classes=4, img_size=48)
+    assert clf.model.pos_embed.shape == (1, 1 + 144, 192)
+    assert torch.equal(clf.model.pos_embed[:, 0], enc.pos_embed[:, 0])  # cls entry kept
+    assert "8x8 to a 12x12 grid" in clf.summary()
+    with torch.no_grad():
+        assert clf.model.eval()(imgs(size=48)).shape == (2, 4)
+
+
+def test_random_init_classifier():
+    clf = build_classifier(*spec("beit"), None, num_classes=3, img_size=48)
+    assert "random init" in clf.summary()
+    assert clf.model.blocks[0].attn.relative_position_bias_table.shape == (23 * 23 + 3, 3)
+
+
+def test_layer_decay_over_beit_blocks():
+    clf = build_classifier(*spec("beit", depth=4), None, num_classes=5).model
+    opt = create_optimizer_v2(clf, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    params = dict(clf.named_parameters())
+
+    def scale(name: str) -> float:
+        return group_of[id(params[name])]["lr_scale"]
+
+    blocks = [scale(f"blocks.{i}.attn.qkv.weight") for i in range(4)]
+    assert blocks == sorted(blocks) and len(set(blocks)) == 4
+    assert scale("cls_token") < blocks[0] < blocks[-1] < scale("head.weight") == 1.0
+    assert scale("blocks.2.attn.relative_position_bias_table") == blocks[2]
+    assert group_of[id(params["blocks.2.attn.relative_position_bias_table"])]["weight_decay"] == 0.0
+    assert group_of[id(params["blocks.2.attn.qkv.weight"])]["weight_decay"] == 0.05
+
+
+@pytest.mark.parametrize(
+    ("backbone", "arch", "bad"),
+    [("swin", "vit_tiny_patch16_224", "'swin'"), ("beit", "vit_huge_patch14_224", "'vit_huge_patch14_224'")],
+)
+def test_bad_names_raise_config_error(backbone, arch, bad):
+    with pytest.raises(ConfigError, match=bad) as err:
+        encoder_spec(backbone, arch, img_size=32, patch_size=4)
+    assert ("vit, beit" if backbone == "swin" else ", ".join(ARCHS)) in str(err.value)
+
+
+def test_bad_sizes_and_models_raise_config_error():
+    with pytest.raises(ConfigError, match="patch size must divide"):
+        encoder_spec("beit", "vit_tiny_patch16_224", img_size=30, patch_size=4)
+    with pytest.raises(ConfigError, match="resnet50"):
+        build_classifier("resnet50", {"img_size": 32, "patch_size": 4}, None, num_classes=2)
