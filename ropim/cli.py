@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         parser, plugin_commands = build_parser()
         args = parser.parse_args(argv)
+        if args.command == "data" and args.data.action:
+            command = f"data {args.data.action}"
         if args.command == "presets":
             run_presets(plugin_commands)
             return

@@ -40,7 +40,7 @@ def parser() -> ArgumentParser:
                         "--pretrain-config FILE) settings; default preset rho_ablation; applied where they stand")
     p.add_argument("--resume", type=str | None, default=None,
                    help="continue the sweep NAME (under --storage-path) with its stored config; other flags ignored")
-    p.add_argument("--preset_name", "--preset-name", dest="preset", type=str, default="rho_ablation",
+    p.add_argument("--preset_name", "--preset-name", type=str, default="rho_ablation",
                    help="the preset's name, recorded with the sweep (set by the preset files)")
     p.add_argument("--search", type=str, default="grid", help="grid | tpe (Optuna)")
     p.add_argument("--space", type=dict | None, default=None,
@@ -83,7 +83,7 @@ def config_from_namespace(ns: Namespace) -> SweepConfig:
     pretrain_names = {f.name for f in fields(PretrainConfig)}
     pretrain = PretrainConfig(**{k: v for k, v in ns.items() if k in pretrain_names})
     sweep = {f.name: ns[f.name] for f in fields(SweepConfig) if f.name not in ("pretrain", "space") and f.name in ns}
-    return SweepConfig(**sweep, space=ns.space or {}, pretrain=pretrain.to_dict())
+    return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict())
 
 
 def config_from_args(argv: list[str]) -> SweepConfig:

@@ -25,16 +25,9 @@ from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ropim.core.config import ARCHS, BACKBONES, WIDTHS
 from ropim.errors import ConfigError
 
-BACKBONES = ("vit", "beit")
-# arch -> (embed_dim, num_heads) of ViT-T/S/B; the ``vit`` backbone uses the arch name itself as timm model
-WIDTHS = {
-    "vit_tiny_patch16_224": (192, 3),
-    "vit_small_patch16_224": (384, 6),
-    "vit_base_patch16_224": (768, 12),
-}
-ARCHS = tuple(WIDTHS)
 BEIT_NAME = "beit_base_patch16_224"  # timm's registered Beit; every width-defining argument is passed explicitly
 BEIT_DEPTH = 12
 TABLE = "relative_position_bias_table"

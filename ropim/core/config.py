@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 from ropim.errors import ConfigError
 
-ARCHS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
+# arch -> (embed_dim, num_heads) of ViT-T/S/B: the width of either backbone
+WIDTHS = {
+    "vit_tiny_patch16_224": (192, 3),
+    "vit_small_patch16_224": (384, 6),
+    "vit_base_patch16_224": (768, 12),
+}
+ARCHS = tuple(WIDTHS)
+BACKBONES = ("vit", "beit")  # timm VisionTransformer (absolute position embedding) | the paper's BEiT-style ViT
 CORRUPTIONS = ("rop", "mask", "none")
 LOSSES = ("l1", "l2")
 HASHINGS = ("balanced", "uniform")
@@ -50,7 +57,9 @@ def default_mask_unit(img_size: int, patch_size: int) -> int:
 class ModelConfig:
     """What builds a ROPIM model; every field is a plain value so it serializes to JSON."""
 
-    arch: str = "vit_tiny_patch16_224"
+    arch: str = "vit_tiny_patch16_224"  # the width: ViT-T/S/B
+    backbone: str = "vit"  # vit: timm ViT, learned absolute position embedding; beit: the paper's (shared relative
+    # position bias, layer scale 0.1, no absolute position embedding)
     img_size: int = 224
     patch_size: int = 16
     in_chans: int = 3
@@ -67,6 +76,8 @@ class ModelConfig:
         """Raise ConfigError naming the bad field and its fix."""
         if self.arch not in ARCHS:
             raise ConfigError(f"arch={self.arch!r}: unknown architecture; choose one of {', '.join(ARCHS)}")
+        if self.backbone not in BACKBONES:
+            raise ConfigError(f"backbone={self.backbone!r}: unknown backbone; choose one of {', '.join(BACKBONES)}")
         if self.patch_size <= 0 or self.img_size % self.patch_size:
             raise ConfigError(
                 f"img_size={self.img_size}, patch_size={self.patch_size}: the patch size must divide the "

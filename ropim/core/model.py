@@ -1,6 +1,7 @@
-"""ROPIM model: timm ViT encoder, random orthogonal projection of the patch embeddings, linear decoder.
+"""ROPIM model: a timm encoder (``vit`` or the paper's ``beit``), random orthogonal projection of the patch
+embeddings, linear decoder.
 
-    imgs (B, C, H, W) ─ patch_embed ─> Φ (B, N, D) ─ Π ─> Φ' ─ +cls, +pos ─> blocks ─> norm
+    imgs (B, C, H, W) ─ patch_embed ─> Φ (B, N, D) ─ Π ─> Φ' ─ +cls (+pos for vit) ─> blocks ─> norm
         ─ drop cls ─> (B, N, D) ─ decoder ─> X̃ (B, N, p²C)
     loss = mean |(I − Π)(X − X̃)|        X = patchify(imgs), the normalized pixels of each patch
 
@@ -9,44 +10,30 @@
 learnable mask token; loss = mean |X − X̃| over the elements of masked patches) or ``none`` (plain
 reconstruction). Encoder, decoder, optimizer and data path are the same for all three.
 
-Pure torch + timm: no Ray, no MLflow. The encoder is a plain timm ``VisionTransformer`` that
-``timm.create_model(arch, **encoder_kwargs(...))`` rebuilds exactly.
+Pure torch + timm: no Ray, no MLflow. The encoder is a plain timm model that
+``timm.create_model(*encoder_spec(cfg))`` rebuilds exactly (``ropim.core.backbone``).
 """
 
 from __future__ import annotations
 
-import timm
 import torch
 from torch import nn
 
+from ropim.core import backbone
 from ropim.core.config import ModelConfig
 from ropim.core.masking import PatchMask, draw_mask
 from ropim.core.sketch import Sketch, draw_sketch
 
 
-def encoder_kwargs(cfg: ModelConfig) -> dict:
-    """Keyword arguments for ``timm.create_model(cfg.arch, **kwargs)`` that rebuild the encoder.
-
-    Average pooling over patch tokens after the final norm (``fc_norm=False`` keeps ``norm``), so the
-    pretrained state dict loads unchanged into a classifier.
-    """
-    kwargs = dict(
-        img_size=cfg.img_size,
-        patch_size=cfg.patch_size,
-        in_chans=cfg.in_chans,
-        num_classes=0,
-        global_pool="avg",
-        fc_norm=False,
-        drop_path_rate=cfg.drop_path_rate,
-    )
-    if cfg.depth is not None:
-        kwargs["depth"] = cfg.depth
-    return kwargs
+def encoder_spec(cfg: ModelConfig) -> tuple[str, dict]:
+    """(timm name, kwargs) that rebuild the encoder with ``timm.create_model`` alone (stored when registered)."""
+    return backbone.encoder_spec(cfg.backbone, cfg.arch, img_size=cfg.img_size, patch_size=cfg.patch_size,
+                                 in_chans=cfg.in_chans, depth=cfg.depth, drop_path_rate=cfg.drop_path_rate)
 
 
-def create_encoder(cfg: ModelConfig, **overrides) -> timm.models.VisionTransformer:
-    """A randomly initialised timm ViT; never downloads weights."""
-    return timm.create_model(cfg.arch, pretrained=False, **{**encoder_kwargs(cfg), **overrides})
+def create_encoder(cfg: ModelConfig, **overrides) -> backbone.Encoder:
+    """A randomly initialised encoder of ``cfg``'s backbone; never downloads weights."""
+    return backbone.create_encoder(*encoder_spec(cfg), **overrides)
 
 
 def patchify(imgs: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -84,11 +71,11 @@ class ROPIM(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Full names of the parameters kept out of weight decay (timm's create_optimizer_v2 reads this):
-        the encoder's position embedding and cls token, and the mask token. Norms and biases are excluded
-        by timm anyway (1-d parameters).
+        the encoder's tokens, position embedding and relative position bias tables, and the mask token. Norms,
+        biases and layer scales are excluded by timm anyway (1-d parameters).
         """
         names = {name for name, _ in self.named_parameters()}
-        wanted = {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"mask_token"}
+        wanted = {f"encoder.{n}" for n in backbone.no_weight_decay(self.encoder)} | {"mask_token"}
         return wanted & names
 
     def draw_corruption(self, batch_size: int, generator: torch.Generator | None = None) -> Corruption:
@@ -124,12 +111,7 @@ class ROPIM(nn.Module):
             x = x * (1 - w) + self.mask_token.to(x.dtype) * w  # SimMIM: masked embeddings -> mask token
         elif sketch is not None:
             x = sketch.project(x)  # Φ' = Π Φ
-        x = enc._pos_embed(x)  # (B, 1 + N, D): cls token + position embedding
-        x = enc.patch_drop(x)
-        x = enc.norm_pre(x)
-        x = enc.blocks(x)
-        x = enc.norm(x)
-        x = x[:, enc.num_prefix_tokens :]  # (B, N, D)
+        x = backbone.encode_patch_embeddings(enc, x)  # (B, N, D): cls + position, blocks, norm; cls dropped
         return self.decoder(x)  # (B, N, p²C)
 
     def loss(self, imgs: torch.Tensor, pred: torch.Tensor, sketch: Corruption) -> torch.Tensor:

@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ropim.console import ensure_logging
-from ropim.core.classifier import build_model
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_transform
 from ropim.eval.features import extract_features
@@ -31,7 +30,7 @@ from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import default_run_name, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.downstream import dataset_name, eval_split, log_results, run_tags, tag_version
+from ropim.train.downstream import classifier_from, dataset_name, eval_split, log_results, run_tags, tag_version
 from ropim.train.runtime import gpu_or_cpu
 
 log = logging.getLogger("ropim.probe")
@@ -87,7 +86,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
     classes = list(val_set.classes)
     device = gpu_or_cpu(cfg.use_gpu)
     torch.manual_seed(cfg.seed)
-    encoder = build_model(ref.config, state, 0, img_size, uri=ref.uri)
+    encoder = classifier_from(ref.config, state, 0, img_size, uri=ref.uri)
 
     name = dataset_name(data)
     run_name = cfg.run_name or default_run_name(f"probe-{name}")

@@ -173,3 +173,12 @@ def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
     if unexpected or any(not k.startswith("head.") for k in missing):
         raise ConfigError(f"encoder {model_uri}: weights do not match {config['arch']} ({missing=}, {unexpected=})")
     return model.eval(), config
+
+
+def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
+    """A run's artifact downloaded to a local path, or None when the run has nothing at ``artifact_path``."""
+    client(uri)
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path))
+    except (mlflow.exceptions.MlflowException, OSError):
+        return None

@@ -63,6 +63,13 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int, uri: str | No
     client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
 
+def log_epochs(run_id: str, epochs: list[dict[str, float]], uri: str | None = None) -> None:
+    """Log each epoch's metrics at its ``epoch`` (1-based) as the MLflow step, in one call."""
+    now = int(time.time() * 1000)
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, int(m["epoch"])) for m in epochs
+                                           for k, v in m.items() if k != "epoch"])
+
+
 def set_tags(run_id: str, tags: dict[str, object], uri: str | None = None) -> None:
     """Set run tags."""
     client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])

@@ -143,7 +143,7 @@ class PretrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> PretrainConfig:
         d = dict(d)
-        d["model"] = ModelConfig(**d.get("model", {}))
+        d["model"] = ModelConfig(**{"backbone": "vit", **d.get("model", {})})  # stored before backbones: vit
         d["data"] = DataConfig(**d.get("data", {}))
         return cls(**d)
 

@@ -4,12 +4,14 @@ registry config, logging per-class results to MLflow, and tagging the encoder ve
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
 from pathlib import Path
 
 import torch
 
+from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_transform
@@ -21,6 +23,8 @@ from ropim.eval.metrics import per_class_accuracy
 from ropim.tracking import store
 from ropim.tracking.encoders import EncoderRef
 from ropim.viz.confusion import confusion_png
+
+log = logging.getLogger("ropim.downstream")
 
 
 def check_image_size(ref: EncoderRef, img_size: int) -> None:
@@ -58,11 +62,21 @@ def dataset_name(data: DataConfig) -> str:
     return re.sub(r"[^A-Za-z0-9_\-]+", "_", name).strip("_") or "data"
 
 
+def classifier_from(config: dict, state: dict[str, torch.Tensor] | None, num_classes: int, img_size: int | None = None,
+                    drop_path: float = 0.0, uri: str = "encoder", quiet: bool = False) -> torch.nn.Module:
+    """The timm classifier (``num_classes`` 0: pooled features) of an encoder's config and weights at ``img_size``,
+    built the BEiT/SimMIM way (``ropim.core.backbone.build_classifier``); a resampling is logged once."""
+    clf = build_classifier(config["arch"], config["timm_kwargs"], state, num_classes, img_size, drop_path)
+    if not quiet and len(clf.actions) > 1:
+        log.info(f"[downstream] encoder {uri}: {clf.summary()}")
+    return clf.model
+
+
 def classifier_config(ref: EncoderRef, classes: list[str], img_size: int, dataset: str, metrics: dict) -> dict:
     """The JSON config stored beside a registered classifier (scalar entries become version tags)."""
-    kwargs = {**ref.config["timm_kwargs"], "img_size": img_size, "num_classes": len(classes), "drop_path_rate": 0.0}
+    name, kwargs = classifier_spec(ref.config["arch"], ref.config["timm_kwargs"], len(classes), img_size)
     return {
-        "arch": ref.config["arch"], "timm_kwargs": kwargs, "img_size": img_size,
+        "arch": name, "timm_kwargs": kwargs, "img_size": img_size,
         "patch_size": ref.config["patch_size"], "num_classes": len(classes), "classes": list(classes),
         "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "dataset": dataset,
         "encoder_uri": ref.pinned, "encoder_name": ref.name or "", "encoder_version": ref.version or "",

@@ -26,7 +26,6 @@ from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ropim.console import ensure_logging
-from ropim.core.classifier import build_model
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
 from ropim.errors import ConfigError
@@ -36,7 +35,15 @@ from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.runs import default_run_name, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.config import FINETUNE_RESUMABLE, FinetuneConfig
-from ropim.train.downstream import classifier_config, dataset_name, eval_split, log_results, run_tags, tag_version
+from ropim.train.downstream import (
+    classifier_config,
+    classifier_from,
+    dataset_name,
+    eval_split,
+    log_results,
+    run_tags,
+    tag_version,
+)
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
 from ropim.train.runtime import WorkerFn, fit
 
@@ -110,7 +117,7 @@ class FinetuneTask:
 
     def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         cfg = self.cfg
-        model = build_model(self.enc_cfg, None if cfg.random_init else self.state, len(self.classes), self.img_size,
+        model = classifier_from(self.enc_cfg, None if cfg.random_init else self.state, len(self.classes), self.img_size,
                             cfg.drop_path, uri=cfg.encoder, quiet=worker.rank != 0).to(worker.device)
         optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
                                         layer_decay=cfg.layer_decay)
@@ -156,8 +163,9 @@ class FinetuneTask:
         if "top1" in metrics:
             log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
                      f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}%")
-        store.log_metrics(self.run_id, {k: v for k, v in metrics.items() if k != "epoch"}, metrics["epoch"],
-                          self.tracking)
+
+    def record(self, epochs: list[dict]) -> None:
+        store.log_epochs(self.run_id, epochs, self.tracking)
 
     def checkpoint_extra(self) -> dict:
         return self.last_eval

@@ -109,7 +109,11 @@ class Task(Protocol):
         """Metrics of epoch ``epoch`` (1-based) when due; called on every rank."""
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
-        """Rank 0, after each epoch: log ``metrics``, pictures."""
+        """Rank 0, after each epoch: the progress line, pictures."""
+
+    def record(self, epochs: list[dict]) -> None:
+        """Rank 0: store the metrics of ``epochs`` (MLflow), once the checkpoint that holds them is reported — so
+        an epoch retrained after a crash is recorded once."""
 
     def checkpoint_extra(self) -> dict:
         """JSON-able extras stored in the checkpoint's metrics.json (e.g. the last confusion matrix)."""
@@ -225,9 +229,11 @@ class Loop:
                 "peak_mem_mb": peak_mb, "data_wait_share": wait_share, **dict(zip(extra, rest, strict=True))}
 
     def run(self) -> None:
-        """Train from the restored epoch to the job's last epoch; report every epoch, checkpoint when due."""
+        """Train from the restored epoch to the job's last epoch; report every epoch, checkpoint when due, record
+        the epochs' metrics once their checkpoint is reported."""
         cfg, worker = self.cfg, self.worker
         last_epoch = cfg.last_epoch(self.start_epoch)
+        unrecorded: list[dict] = []
         for epoch in range(self.start_epoch, last_epoch):
             seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
             self.ddp_model.train()
@@ -237,6 +243,7 @@ class Loop:
                 metrics |= self.task.evaluate(self.model, epoch + 1)
             if worker.rank == 0:
                 self.task.epoch_end(self.model, metrics)
+            unrecorded.append(metrics)
             with tempfile.TemporaryDirectory() as tmp:
                 folder = None
                 if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
@@ -244,6 +251,10 @@ class Loop:
                     save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
                     (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
                 worker.report(metrics, folder)
+            if folder is not None:
+                self.task.record(unrecorded)
+            if cfg.checkpoints(epoch + 1, last_epoch):
+                unrecorded = []
 
 
 def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:

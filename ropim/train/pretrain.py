@@ -23,7 +23,7 @@ from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ropim.console import ensure_logging
-from ropim.core.model import ROPIM, encoder_kwargs
+from ropim.core.model import ROPIM, encoder_spec
 from ropim.data.datasets import build_dataset, count_images, pretrain_transform, validation_images
 from ropim.errors import ConfigError
 from ropim.tracking import registry, store
@@ -40,11 +40,12 @@ log = logging.getLogger("ropim.train")
 def encoder_config(cfg: PretrainConfig, embed_dim: int) -> dict:
     """The JSON config stored beside a registered encoder."""
     m = cfg.model
+    name, kwargs = encoder_spec(m)
     return {
-        "arch": m.arch, "img_size": m.img_size, "patch_size": m.patch_size, "in_chans": m.in_chans,
-        "embed_dim": embed_dim, "depth": m.depth, "rho": m.rho, "corruption": m.corruption, "loss": m.loss,
-        "hashing": m.hashing, "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size,
-        "epochs": cfg.epochs, "dataset": cfg.data.source, "timm_kwargs": encoder_kwargs(m),
+        "arch": name, "backbone": m.backbone, "width": m.arch, "img_size": m.img_size, "patch_size": m.patch_size,
+        "in_chans": m.in_chans, "embed_dim": embed_dim, "depth": m.depth, "rho": m.rho, "corruption": m.corruption,
+        "loss": m.loss, "hashing": m.hashing, "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size,
+        "epochs": cfg.epochs, "dataset": cfg.data.source, "timm_kwargs": kwargs,
     }
 
 
@@ -134,9 +135,11 @@ class PretrainTask:
         quality = "".join(f" {k} {metrics[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in metrics)
         log.info(f"[pretrain] epoch {epoch}/{cfg.epochs} loss {metrics['loss']:.4f} {metrics['img_per_s']:.1f} img/s "
                  f"data wait {100 * metrics['data_wait_share']:.1f}% {metrics['epoch_time_s']:.1f} s{quality}")
-        store.log_metrics(self.run_id, {k: v for k, v in metrics.items() if k != "epoch"}, epoch, self.tracking)
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
             log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)
+
+    def record(self, epochs: list[dict]) -> None:
+        store.log_epochs(self.run_id, epochs, self.tracking)
 
     def checkpoint_extra(self) -> dict:
         return {}

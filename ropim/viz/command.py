@@ -19,9 +19,14 @@ from ropim.viz.figure5 import token_error_figure, token_errors
 from ropim.viz.grids import projection_grid, save_reconstruction_grid
 
 
-def _model_config(d: dict) -> ModelConfig:
+def model_config(d: dict) -> ModelConfig:
+    """The ModelConfig of a checkpoint's config or a registered encoder's config.json (whose ``arch`` is the timm
+    name and ``width`` the ViT width; encoders registered before backbones are ``vit``)."""
     names = {f.name for f in fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in d.items() if k in names})
+    values = {k: v for k, v in d.items() if k in names}
+    if "width" in d:
+        values["arch"] = d["width"]
+    return ModelConfig(**{"backbone": "vit", **values})
 
 
 def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
@@ -41,7 +46,7 @@ def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
     if not (folder / "config.json").exists():
         raise ConfigError(f"checkpoint={str(folder)!r}: config.json is missing beside model.safetensors")
     config = json.loads((folder / "config.json").read_text())
-    model = ROPIM(_model_config(config.get("model", config)))
+    model = ROPIM(model_config(config.get("model", config)))
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     return model.eval(), config
 
@@ -59,23 +64,19 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     from ropim.tracking import registry, store
 
     state, config = registry.load_encoder_files(model_uri, uri)
-    cfg = _model_config(config)
+    cfg = model_config(config)
     version = registry.resolve_version(model_uri, uri)
     run_id = None
     if version:
         run_id = store.client(uri).get_model_version(*version).tags.get("run_id")
-    if run_id is None:
+    local = registry.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else None
+    if local is None:  # no decoder logged on that run: projection columns only
         return cfg, None, config
-    import mlflow
     from safetensors.torch import load_file
 
-    try:
-        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=DECODER_ARTIFACT)
-    except Exception:  # no decoder logged on that run: projection columns only
-        return cfg, None, config
     model = ROPIM(cfg)
     model.encoder.load_state_dict(state, strict=True)
-    missing, unexpected = model.load_state_dict(load_file(local), strict=False)
+    missing, unexpected = model.load_state_dict(load_file(str(local)), strict=False)
     if unexpected or any(not k.startswith("encoder.") for k in missing):
         raise ConfigError(f"encoder {model_uri}: {DECODER_ARTIFACT} does not match ({missing=}, {unexpected=})")
     return cfg, model.eval(), config

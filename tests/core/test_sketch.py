@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ropim.sketch import draw_sketch
+from ropim.core.sketch import draw_sketch
 
 
 def gen(seed: int = 0) -> torch.Generator:

@@ -90,32 +90,6 @@ def test_linear_probe_objective(workdir):
     assert set(scores) == {"knn_top1", "linear_top1"} and 30 < scores["linear_top1"] < 100
 
 
-def test_champion_rule_per_metric_and_dataset(workdir):
-    """The alias rule on bare model versions (no weights needed)."""
-    c, name = registry.client(), "rule-test"
-    c.create_registered_model(name)
-    v = [c.create_model_version(name, "file:///nowhere").version for _ in range(5)]
-
-    def promote(version, value, dataset="digits", metric="knn_top1@k=20"):
-        return registry.promote_champion(name, version, metric, dataset, value)
-
-    assert promote(v[0], 50.0) == {"champion": (True, "no version held 'champion'"),
-                                   "champion-digits": (True, "no version held 'champion-digits'")}
-    d = promote(v[1], 40.0)  # worse on the same data: nothing moves
-    assert not d["champion"][0] and "does not beat v1's 50" in d["champion"][1]
-    assert promote(v[2], 60.0)["champion"][0]  # better: both aliases move
-    other = promote(v[3], 99.0, dataset="/data/cifar10")  # another data set keeps its own champion only
-    assert other["champion"] == (False, "'champion' is v3 on another dataset (digits)")
-    assert other[registry.dataset_alias("/data/cifar10")][0] and registry.dataset_alias("/data/cifar10").startswith(
-        "champion-cifar10-")
-    assert not promote(v[4], 99.0, metric="knn_top1@k=10")["champion"][0]  # not comparable: another metric
-    aliases = {a: c.get_model_version_by_alias(name, a).version for a in ("champion", "champion-digits")}
-    assert aliases == {"champion": v[2], "champion-digits": v[2]}
-    tags = c.get_model_version(name, v[1]).tags
-    assert tags["metric_value"] == "40.0" and tags["metric_dataset"] == "digits"
-    assert tags["alias.champion"].startswith("not moved: knn_top1@k=20 40 does not beat")
-
-
 def test_report_writes_tables_and_plots(tmp_path):
     rows = [{"trial": f"a_{i:05d}", "rho": rho, "base_lr": 1e-3 * (i + 1), "epochs": 2, "seed": s,
              "knn_top1": 50 + 10 * rho + s, "epochs_run": 2, "status": "finished", "mlflow_run": f"r{i}"}

@@ -8,8 +8,9 @@ import pytest
 import timm
 import torch
 
-from ropim.model import ROPIM, ModelConfig, encoder_kwargs, patchify, unpatchify
-from ropim.sketch import draw_sketch
+from ropim.core.config import ModelConfig
+from ropim.core.model import ROPIM, encoder_spec, patchify, unpatchify
+from ropim.core.sketch import draw_sketch
 
 CFG = ModelConfig(img_size=32, patch_size=4, depth=2)
 P, G, N = 4, 8, 64  # patch size, grid side, tokens
@@ -43,9 +44,10 @@ def sketch():
 # ---------------------------------------------------------------- loss
 
 
+@pytest.mark.parametrize("backbone", ["vit", "beit"])
 @pytest.mark.parametrize("loss", ["l1", "l2"])
-def test_loss_is_zero_for_perfect_prediction_and_invariant_inside_range_of_pi(imgs, sketch, loss):
-    m = make_model(loss=loss)
+def test_loss_is_zero_for_perfect_prediction_and_invariant_inside_range_of_pi(imgs, sketch, loss, backbone):
+    m = make_model(loss=loss, backbone=backbone)
     x = patchify(imgs, P)
     assert float(m.loss(imgs, x, sketch)) <= 1e-6
 
@@ -113,38 +115,41 @@ def test_patchify_order_matches_encoder_patch_embed(model, imgs):
 # ---------------------------------------------------------------- where Π is applied
 
 
-def manual_reconstruct(m: ROPIM, imgs: torch.Tensor, pi: torch.Tensor | None) -> torch.Tensor:
-    """Eq. 3–6 by hand: Φ = patch_embed; Φ' = ΠΦ (dense); cat cls; + pos; blocks; norm; drop cls; W*."""
+def manual_reconstruct(m: ROPIM, imgs: torch.Tensor, pi: torch.Tensor | None, late: bool = False) -> torch.Tensor:
+    """Eq. 3–6 by hand: Φ = patch_embed; Φ' = ΠΦ (dense); cat cls; + pos (vit); blocks; norm; drop cls; W*.
+    ``late``: Π applied after the position embedding instead (wrong, for comparison)."""
     enc = m.encoder
     phi = enc.patch_embed(imgs)
-    if pi is not None:
+    if pi is not None and not late:
         phi = torch.bmm(pi, phi)
-    x = torch.cat([enc.cls_token.expand(imgs.shape[0], -1, -1), phi], dim=1) + enc.pos_embed
+    x = torch.cat([enc.cls_token.expand(imgs.shape[0], -1, -1), phi], dim=1)
+    if enc.pos_embed is not None:
+        x = x + enc.pos_embed
+    if pi is not None and late:
+        x = torch.cat([x[:, :1], torch.bmm(pi, x[:, 1:])], dim=1)
+    bias = {"shared_rel_pos_bias": enc.rel_pos_bias()} if m.cfg.backbone == "beit" else {}
     for blk in enc.blocks:
-        x = blk(x)
+        x = blk(x, **bias)
     x = enc.norm(x)
     return m.decoder(x[:, 1:])
 
 
 @torch.no_grad()
-def test_rop_is_applied_to_patch_embeddings_before_cls_and_pos(model, imgs, sketch):
-    assert model.encoder.num_prefix_tokens == 1 and not model.encoder.no_embed_class
+@pytest.mark.parametrize("backbone", ["vit", "beit"])
+def test_rop_is_applied_to_patch_embeddings_before_cls_and_pos(backbone, imgs, sketch):
+    model = make_model(backbone=backbone)
+    assert model.encoder.num_prefix_tokens == 1
     pred = model.reconstruct(imgs, sketch)
     pi = sketch.dense()
     torch.testing.assert_close(pred, manual_reconstruct(model, imgs, pi), rtol=1e-4, atol=1e-4)
-    # the same steps with the encoder's own helpers
-    enc = model.encoder
-    x = enc.norm(enc.blocks(enc.norm_pre(enc._pos_embed(sketch.project(enc.patch_embed(imgs))))))
-    torch.testing.assert_close(pred, model.decoder(x[:, 1:]), rtol=1e-5, atol=1e-5)
 
     # Π really changes the input, and applying it after the position embedding would be different
     plain = model.reconstruct(imgs, None)
     torch.testing.assert_close(plain, manual_reconstruct(model, imgs, None), rtol=1e-4, atol=1e-4)
     assert (pred - plain).abs().max() > 1e-2
-    x = enc._pos_embed(enc.patch_embed(imgs))
-    x = torch.cat([x[:, :1], sketch.project(x[:, 1:])], dim=1)
-    late = model.decoder(enc.norm(enc.blocks(x))[:, 1:])
-    assert (pred - late).abs().max() > 1e-2
+    if backbone == "vit":
+        assert (pred - manual_reconstruct(model, imgs, pi, late=True)).abs().max() > 1e-2
+    enc = model.encoder
 
     # the encoder path without Π is timm's forward_features
     torch.testing.assert_close(plain, model.decoder(enc.forward_features(imgs)[:, 1:]), rtol=1e-5, atol=1e-5)
@@ -153,8 +158,9 @@ def test_rop_is_applied_to_patch_embeddings_before_cls_and_pos(model, imgs, sket
 # ---------------------------------------------------------------- training step
 
 
-def test_forward_backward():
-    m = make_model().train()
+@pytest.mark.parametrize("backbone", ["vit", "beit"])
+def test_forward_backward(backbone):
+    m = make_model(backbone=backbone).train()
     imgs = torch.randn(2, 3, 32, 32, generator=gen(8))
     loss, pred, sk = m(imgs, generator=gen(9))
     assert pred.shape == (2, N, P * P * 3)
@@ -165,7 +171,8 @@ def test_forward_backward():
     for name, param in [
         ("patch_embed", enc.patch_embed.proj.weight),
         ("cls_token", enc.cls_token),
-        ("pos_embed", enc.pos_embed),
+        ("pos_embed" if backbone == "vit" else "rel_pos_bias", enc.pos_embed if backbone == "vit" else
+         enc.rel_pos_bias.relative_position_bias_table),
         ("block0", enc.blocks[0].attn.qkv.weight),
         ("block1", enc.blocks[1].mlp.fc2.weight),
         ("norm", enc.norm.weight),
@@ -208,7 +215,8 @@ def test_bad_config_raises_value_error(changes, match):
 
 @torch.no_grad()
 def test_encoder_exports_to_plain_timm_model(model, imgs):
-    rebuilt = timm.create_model(CFG.arch, pretrained=False, **encoder_kwargs(CFG))
+    name, kwargs = encoder_spec(CFG)
+    rebuilt = timm.create_model(name, pretrained=False, **kwargs)
     rebuilt.load_state_dict(model.encoder.state_dict(), strict=True)
     rebuilt.eval()
     enc = model.encoder.eval()
@@ -220,3 +228,17 @@ def test_encoder_exports_to_plain_timm_model(model, imgs):
     assert pooled.shape == (B, enc.embed_dim)
     torch.testing.assert_close(pooled, feats[:, 1:].mean(1), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(rebuilt(imgs), pooled, rtol=0, atol=0)
+
+
+def test_beit_model_is_the_papers_backbone():
+    """No absolute position embedding, one relative position bias shared by all blocks, layer scale 0.1 at init,
+    and the tables kept out of weight decay."""
+    m = make_model(backbone="beit")
+    enc = m.encoder
+    assert enc.pos_embed is None
+    shared = [mod for mod in enc.modules() if type(mod).__name__ == "RelativePositionBias"]
+    assert shared == [enc.rel_pos_bias]
+    assert all(blk.attn.relative_position_bias_table is None for blk in enc.blocks)
+    for blk in enc.blocks:
+        assert torch.all(blk.gamma_1 == 0.1) and torch.all(blk.gamma_2 == 0.1)
+    assert "encoder.rel_pos_bias.relative_position_bias_table" in m.no_weight_decay()

@@ -1,0 +1,111 @@
+"""`ropim data convert` / `inspect`: round trips that keep every image, label and split; resumable writes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from sample_data import cifar10
+
+from ropim.cli import main as cli_main
+from ropim.data import convert as convert_mod
+from ropim.data.config import DataConfig
+from ropim.data.convert import convert
+from ropim.data.decode import decode_rgb
+from ropim.data.inspect import inspect_source
+from ropim.data.sources import open_source, split_list
+
+
+def _read_dst(dst) -> dict[str, dict[str, tuple[bytes, int]]]:
+    out = {}
+    for f in sorted(os.listdir(dst)):
+        if f.endswith(".parquet"):
+            t = pq.read_table(dst / f)
+            split = f.split("-")[0]
+            for img, label, path in zip(t["image"].to_pylist(), t["label"].to_pylist(), t["path"].to_pylist(),
+                                        strict=True):
+                out.setdefault(split, {})[path] = (img, label)
+    return out
+
+
+def test_convert_inspect_round_trip_keeps_every_image_label_and_split(folder, tmp_path):
+    root, good, broken = folder
+    cfg = DataConfig(str(root))
+    rep = convert(cfg, str(tmp_path / "out"), shard_size=3, progress=False)
+    assert rep.bad_images == 1 and rep.bad_paths == [broken] and rep.images == {"train": len(good)}
+    got = _read_dst(tmp_path / "out")["train"]
+    assert {p: v[1] for p, v in got.items()} == good
+    assert all(got[p][0] == (root / p).read_bytes() for p in good)  # original bytes kept
+    assert json.loads((tmp_path / "out" / "classes.json").read_text()) == ["cat", "dog"]
+    meta = pq.read_schema(tmp_path / "out" / "train-00000.parquet").metadata
+    assert json.loads(meta[b"classes"]) == ["cat", "dog"]
+
+    out_cfg = DataConfig(str(tmp_path / "out"))
+    info, src_info = inspect_source(out_cfg), inspect_source(cfg)
+    assert info["format"] == "parquet" and info["classes"] == ["cat", "dog"]
+    assert sum(info["images"].values()) == len(good) == sum(src_info["images"].values()) - 1
+    for split in ("train", "val"):  # the same seeded split on both sides, minus the corrupt file
+        want = set(split_list(open_source(cfg), cfg, split).paths) - {broken}
+        assert set(split_list(open_source(out_cfg), out_cfg, split).paths) == want
+    assert info["image_size"]["width"]["min"] == 16 and info["image_size"]["width"]["max"] == 32
+
+
+def test_convert_cifar_keeps_pixels_and_its_own_split(tmp_path):
+    d, expect = cifar10(tmp_path)
+    rep = convert(DataConfig(str(d)), str(tmp_path / "out"), shard_size=4, progress=False)
+    assert rep.images == {"train": 10, "val": 5} and rep.bad_images == 0
+    out_cfg = DataConfig(str(tmp_path / "out"))
+    src = open_source(out_cfg)
+    assert src.own_split and src.classes == [f"c{i}" for i in range(10)]
+    for split in ("train", "val"):
+        lst = split_list(src, out_cfg, split)
+        order = np.argsort([int(p.split("_")[-1].split(".")[0]) + 100 * int(p.split("_")[1]) for p in lst.paths])
+        pixels = np.stack([np.asarray(decode_rgb(lst.load(int(i)))) for i in order])
+        np.testing.assert_array_equal(pixels, expect[split][0])  # PNG: lossless
+        np.testing.assert_array_equal(lst.labels[order], expect[split][1])
+
+
+def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder, tmp_path, monkeypatch):
+    root, good, _ = folder
+    cfg, dst = DataConfig(str(root)), tmp_path / "out"
+    monkeypatch.setattr(convert_mod, "ROW_GROUP", 2)  # 2 write calls per 3-image shard
+    real_write, calls = pq.ParquetWriter.write_table, {"n": 0}
+
+    def failing_write(self, table, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the second call of the second shard: mid-shard
+            raise KeyboardInterrupt("simulated kill")
+        return real_write(self, table, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        convert(cfg, str(dst), shard_size=3, progress=False)
+    names = sorted(os.listdir(dst))
+    assert names == ["classes.json", "train-00000.parquet"]  # no partial shard, no temporary file
+    assert pq.read_metadata(dst / "train-00000.parquet").num_rows >= 2
+    (dst / ".train-00001.parquet.tmp").write_bytes(b"half a shard from a killed run")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real_write)
+    rep = convert(cfg, str(dst), shard_size=3, progress=False)
+    assert rep.shards_kept == 1 and rep.shards_written == 2 and rep.images == {"train": len(good)}
+    assert not [n for n in os.listdir(dst) if n.endswith(".tmp")]
+    assert {p: v[1] for p, v in _read_dst(dst)["train"].items()} == good
+    again = convert(cfg, str(dst), shard_size=3, progress=False)
+    assert again.shards_written == 0 and again.shards_kept == 3
+    other = convert(cfg, str(dst), shard_size=5, progress=False)  # another plan: stale shards replaced
+    assert other.shards_written == 2 and sorted(os.listdir(dst))[1:] == ["train-00000.parquet",
+                                                                         "train-00001.parquet"]
+
+
+def test_cli_convert_then_inspect(parquet_set, tmp_path, capsys):
+    root, rows = parquet_set
+    cli_main(["data", "convert", str(root), str(tmp_path / "out"), "--shard-size", "16"])
+    assert "train 40  val 10 images" in capsys.readouterr().out
+    cli_main(["data", "inspect", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "parquet" in out and "train 40  val 10" in out and "classes     3: a, b, c" in out
+    assert sorted(os.listdir(tmp_path / "out")) == ["classes.json", "train-00000.parquet", "train-00001.parquet",
+                                                     "train-00002.parquet", "val-00000.parquet"]

@@ -1,0 +1,179 @@
+"""Every source format read back exactly, the split rule, the augmentation, and clear errors for bad sources."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+from sample_data import cifar10, pixels, write_parquet
+
+from ropim.cli import main as cli_main
+from ropim.data.config import DataConfig
+from ropim.data.convert import convert
+from ropim.data.datasets import build_dataset, count_images, eval_transform, pretrain_transform
+from ropim.data.decode import BadImageError, decode_rgb
+from ropim.data.inspect import inspect_source
+from ropim.data.sources import open_source, split_list
+from ropim.errors import ConfigError
+
+
+def test_imagefolder_lists_every_image_with_its_label_and_decodes_to_rgb(folder):
+    root, good, broken = folder
+    cfg = DataConfig(str(root))
+    src = open_source(cfg)
+    assert src.format == "imagefolder" and src.classes == ["cat", "dog"] and not src.own_split
+    everything = split_list(src, cfg, None)
+    assert dict(zip(everything.paths, everything.labels.tolist(), strict=True)) == {**good, broken: 1}
+    train, val = split_list(src, cfg, "train"), split_list(src, cfg, "val")
+    assert sorted(train.paths + val.paths) == sorted(everything.paths) and not set(train.paths) & set(val.paths)
+    assert count_images(cfg, "train") == len(train)
+    for rel in good:
+        img = decode_rgb((root / rel).read_bytes())
+        assert img.mode == "RGB" and img.size == Image.open(root / rel).size
+    grey = np.asarray(decode_rgb((root / "cat/grey.png").read_bytes()))
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 0] == grey[..., 2]).all()
+
+
+def test_imagefolder_own_train_val_split(tmp_path):
+    for split, n in (("train", 3), ("val", 2)):
+        for c in ("x", "y"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(pixels(8, 8, i)).save(tmp_path / split / c / f"{i}.png")
+    cfg = DataConfig(str(tmp_path))
+    src = open_source(cfg)
+    assert src.own_split and src.classes == ["x", "y"]
+    val = split_list(src, cfg, "val")
+    assert len(split_list(src, cfg, "train")) == 6 and len(val) == 4
+    assert sorted(zip(val.paths, val.labels.tolist(), strict=True))[0] == ("val/x/0.png", 0)
+
+
+def test_cifar10_and_cifar100_official_layouts(tmp_path):
+    d, expect = cifar10(tmp_path)
+    for location in (d, tmp_path):  # the batches folder itself, or its parent
+        cfg = DataConfig(str(location))
+        src = open_source(cfg)
+        assert src.format == "cifar" and src.own_split and src.classes == [f"c{i}" for i in range(10)]
+        for split in ("train", "val"):
+            lst = split_list(src, cfg, split)
+            np.testing.assert_array_equal(lst.images, expect[split][0])
+            np.testing.assert_array_equal(lst.labels, expect[split][1])
+    ds = build_dataset(DataConfig(str(d)), "val", eval_transform(32))
+    assert len(ds) == 5 and ds[0][0].shape == (3, 32, 32) and ds[0][1] == expect["val"][1][0]
+
+    c100 = tmp_path / "c100" / "cifar-100-python"
+    c100.mkdir(parents=True)
+    for name, n in (("train", 4), ("test", 3)):
+        with open(c100 / name, "wb") as f:
+            pickle.dump({b"fine_labels": list(range(n)), b"coarse_labels": [0] * n,
+                         b"data": np.zeros((n, 3072), np.uint8)}, f, protocol=2)
+    with open(c100 / "meta", "wb") as f:
+        pickle.dump({b"fine_label_names": [f"f{i}".encode() for i in range(100)]}, f, protocol=2)
+    cfg = DataConfig(str(c100.parent))
+    assert inspect_source(cfg)["images"] == {"train": 4, "val": 3}
+    assert inspect_source(cfg)["num_classes"] == 100
+
+
+def test_cifar_loader_refuses_foreign_pickles(tmp_path):
+    d, _ = cifar10(tmp_path)
+    (d / "batches.meta").write_bytes(pickle.dumps({b"label_names": os.system}, protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match="not a CIFAR batch"):
+        open_source(DataConfig(str(d)))
+
+
+def test_parquet_own_split_glob_uri_and_class_names(parquet_set, tmp_path):
+    root, rows = parquet_set
+    for location in (str(root), f"{root}/*.parquet", f"file://{root}"):
+        cfg = DataConfig(location)
+        src = open_source(cfg)
+        assert src.format == "parquet" and src.own_split and src.classes == ["a", "b", "c"]
+        for split in ("train", "val"):
+            lst = split_list(src, cfg, split)
+            assert lst.paths == [r[2] for r in rows[split]]
+            assert lst.labels.tolist() == [r[1] for r in rows[split]]
+            assert [lst.load(i) for i in (0, len(lst) - 1)] == [rows[split][0][0], rows[split][-1][0]]
+    # no split of its own and no metadata: seeded fraction, class names from classes.json beside the shards
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    write_parquet(flat / "part-0.parquet", rows["train"])
+    (flat / "classes.json").write_text(json.dumps(["a", "b", "c"]))
+    cfg = DataConfig(str(flat), val_fraction=0.25, split_seed=3)
+    src = open_source(cfg)
+    train, val = split_list(src, cfg, "train"), split_list(src, cfg, "val")
+    assert not src.own_split and src.classes == ["a", "b", "c"]
+    assert sorted(train.paths + val.paths) == sorted(r[2] for r in rows["train"]) and 3 <= len(val) <= 18
+    assert split_list(src, DataConfig(str(flat), val_fraction=0.25, split_seed=3), "val").paths == val.paths
+
+
+def test_augmentation_matches_torchvision_resize_and_crop_rule():
+    from torchvision.transforms import v2
+
+    from ropim.data.augment import CROP_RATIO, IMAGENET_MEAN, IMAGENET_STD, crop_box
+
+    img = Image.fromarray(pixels(30, 40, 1))
+    ref = v2.Compose([v2.PILToTensor(), v2.Resize((24, 24), antialias=True), v2.ToDtype(torch.float32, scale=True),
+                      v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    assert torch.allclose(eval_transform(24)(img), ref(img), atol=0.02)  # within one grey level
+    rng = np.random.default_rng(0)
+    boxes = np.array([crop_box(40, 30, rng.random) for _ in range(2000)])
+    assert (boxes[:, :2] >= 0).all()
+    assert (boxes[:, 0] + boxes[:, 2] <= 40).all() and (boxes[:, 1] + boxes[:, 3] <= 30).all()
+    area, ratio = boxes[:, 2] * boxes[:, 3] / 1200, boxes[:, 2] / boxes[:, 3]
+    assert area.min() > 0.6 and area.max() <= 1 and ratio.min() > 0.72 and ratio.max() < CROP_RATIO[1] + 0.05
+    x = pretrain_transform(16)(img)
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32
+
+
+def test_corrupt_image_skipped_and_counted_under_skip_named_under_fail(folder, tmp_path):
+    root, good, broken = folder
+    ds = build_dataset(DataConfig(str(root), val_fraction=0.5, split_seed=1), "train")
+    ds_val = build_dataset(DataConfig(str(root), val_fraction=0.5, split_seed=1), "val")
+    which = ds if broken in ds.paths else ds_val
+    items = [which[i] for i in range(len(which))]
+    assert which.bad.count == 1 and which.bad.paths == [broken]
+    assert all(img.mode == "RGB" for img, _ in items)
+
+    fail = DataConfig(str(root), val_fraction=0.5, split_seed=1, on_bad_image="fail")
+    which = build_dataset(fail, "train" if which is ds else "val")
+    with pytest.raises(BadImageError, match="broken.jpg"):
+        [which[i] for i in range(len(which))]
+    with pytest.raises(BadImageError, match="broken.jpg"):
+        convert(fail, str(tmp_path / "out"), shard_size=100, progress=False)
+    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith((".parquet", ".tmp"))]
+
+
+def test_missing_empty_and_imageless_sources_raise_one_clear_error(tmp_path, parquet_set):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "noimg" / "cls").mkdir(parents=True)
+    (tmp_path / "noimg" / "cls" / "a.txt").write_text("x")
+    (tmp_path / "loose").mkdir()
+    Image.fromarray(pixels(4, 4, 0)).save(tmp_path / "loose" / "a.png")
+    (tmp_path / "nopq").mkdir()
+    pq.write_table(pa.table({"image": pa.array([], pa.binary()), "label": pa.array([], pa.int64())}),
+                   tmp_path / "nopq" / "train-0.parquet")
+    (tmp_path / "nolabel").mkdir()
+    pq.write_table(pa.table({"image": [b"x"]}), tmp_path / "nolabel" / "x.parquet")
+    cases = {
+        tmp_path / "missing": "no such file or folder",
+        tmp_path / "empty": "no images",
+        tmp_path / "noimg": "no images",
+        tmp_path / "loose": "no class folders",
+        tmp_path / "nopq": "no rows",
+        tmp_path / "nolabel": "no label column",
+        f"{tmp_path}/nothing-*.parquet": "no Parquet files",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ConfigError, match=message) as err:
+            DataConfig(str(path)).validate()
+        assert str(path) in str(err.value)
+    with pytest.raises(ConfigError, match="val_fraction"):
+        DataConfig(val_fraction=1.5).validate()
+    with pytest.raises(SystemExit, match="ropim data inspect: .*no such file"):
+        cli_main(["data", "inspect", str(tmp_path / "missing")])

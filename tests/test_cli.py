@@ -1,0 +1,114 @@
+"""The `ropim` command: presets are config files, flags apply in order, bad input is one line before anything heavy
+is imported, and `ropim sweep`, `python -m tune.sweep` and `jobs/sweep.py` take the same flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_cli
+
+from ropim.cli import PRESETS, config, job_parser, shipped_presets
+from ropim.train.config import PretrainConfig
+
+PRETRAIN = shipped_presets(PRESETS / "pretrain")
+
+
+def load(name: str, *overrides: str) -> PretrainConfig:
+    parser = job_parser(PretrainConfig, "pretrain", "test")
+    return config(parser.instantiate(parser.parse_args(["--preset", name, *overrides])), PretrainConfig)
+
+
+@pytest.mark.parametrize("name", list(PRETRAIN))
+def test_preset_validates(name):
+    load(name, "--data.source", "digits").validate()
+
+
+def test_paper_presets():
+    tiny = load("vit_tiny_in100")
+    assert tiny.model.arch == "vit_tiny_patch16_224"
+    assert (tiny.epochs, tiny.global_batch_size, tiny.base_lr) == (800, 512, 1e-3)
+    for arch in ("small", "base"):
+        cfg = load(f"vit_{arch}_in1k")
+        assert cfg.model.arch == f"vit_{arch}_patch16_224"
+        assert (cfg.epochs, cfg.global_batch_size, cfg.base_lr, cfg.warmup_epochs) == (300, 1520, 1.5e-4, 10)
+    for name in PRETRAIN:
+        cfg = load(name)
+        assert cfg.model.rho == pytest.approx(1 / 7)
+        assert cfg.model.n_tokens > 1 and cfg.model.img_size % cfg.model.patch_size == 0
+
+
+def test_overrides_apply_in_order():
+    cfg = load("vit_tiny_in100", "--model.rho", "0.25", "--num_workers", "4", "--accum_steps", "2")
+    assert (cfg.model.rho, cfg.num_workers, cfg.accum_steps, cfg.epochs) == (0.25, 4, 2, 800)
+    assert load("vit_tiny_in100", "--epochs", "3", "--preset", "digits_demo").epochs == 8  # the later preset wins
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.rho", "1.5"], "rho=1.5"),
+        (["--model.rho", "0"], "rho=0"),
+        (["--model.img_size", "30", "--model.patch_size", "4"], "patch size must divide"),
+        (["--model.arch", "vit_giant_patch99"], "arch='vit_giant_patch99'"),
+        (["--model.backbone", "swin"], "backbone='swin'"),
+        (["--global_batch_size", "10", "--num_workers", "3"], "not divisible by num_workers=3"),
+        (["--preset", "nope"], "unknown --preset 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line_before_ray(args, message, tmp_path):
+    proc = run_cli("pretrain", "--preset", "digits_demo", *args, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Ray" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
+    proc = run_cli("pretrain", "--preset", "digits_demo", env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
+                   cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "MLflow server unreachable" in proc.stderr and "http://127.0.0.1:9" in proc.stderr
+    assert "Started a local Ray instance" not in proc.stderr
+
+
+def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow():
+    """`ropim --help`, `ropim pretrain --help` and a config error answer without the heavy libraries."""
+    script = """
+import sys
+from ropim.cli import main
+for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+heavy = sorted(m for m in ("torch", "ray", "mlflow", "timm") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_presets_list_and_print_config(tmp_path):
+    listed = run_cli("presets").stdout
+    assert "pretrain/digits_demo" in listed and "demo/digits_demo" in listed and "sweep/rho_ablation" in listed
+    printed = run_cli("pretrain", "--preset", "digits_demo", "--model.rho", "0.25", "--print_config").stdout
+    assert "rho: 0.25" in printed and "depth: 6" in printed
+    user = tmp_path / "mine.yaml"
+    user.write_text(json.dumps({"epochs": 3, "model": {"rho": 0.5}}))
+    printed = run_cli("pretrain", "--preset", "digits_demo", "--config", str(user), "--print_config").stdout
+    assert "epochs: 3" in printed and "rho: 0.5" in printed and "depth: 6" in printed
+
+
+def test_sweep_takes_the_same_flags_everywhere():
+    argv = ["--preset", "tpe", "--num-samples", "5", "--workers-per-trial", "1", "--model.depth", "2", "--name", "x",
+            "--print_config"]
+    outputs = [run_cli("sweep", *argv),
+               subprocess.run([sys.executable, "-m", "tune.sweep", *argv], capture_output=True, text=True, cwd=ROOT),
+               subprocess.run([sys.executable, "jobs/sweep.py", *argv], capture_output=True, text=True, cwd=ROOT)]
+    for proc in outputs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert outputs[0].stdout == outputs[1].stdout == outputs[2].stdout
+    assert "num_samples: 5" in outputs[0].stdout and "search: tpe" in outputs[0].stdout

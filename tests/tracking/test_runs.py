@@ -1,0 +1,53 @@
+"""The one run tracker: a named run is created once, continued with the same config, refused with another, reported
+when finished, and marked FINISHED, KILLED or FAILED by how its block ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from ropim.errors import ConfigError
+from ropim.tracking import store
+from ropim.tracking.runs import default_run_name, open_run, read_run_meta
+
+
+def status(run_id: str) -> str:
+    return store.client().get_run(run_id).info.status
+
+
+def test_named_run_is_created_continued_refused_and_reported(workdir):
+    cfg = {"epochs": 3, "num_workers": 2, "model": {"rho": 0.14}}
+    with open_run(experiment="t", name="a", config=cfg, storage_path="runs", resumable=("num_workers",),
+                  tags={"ropim.kind": "test"}, config_artifact="config/a.json") as run:
+        assert not run.continued and not run.finished
+        run.stop()
+    first = run.run_id
+    assert status(first) == "KILLED" and read_run_meta("runs", "a")["run_id"] == first
+    mlflow_run = store.client().get_run(first)
+    assert mlflow_run.data.params["model.rho"] == "0.14" and mlflow_run.data.tags["ropim.kind"] == "test"
+    assert [a.path for a in store.client().list_artifacts(first, "config")] == ["config/a.json"]
+
+    with open_run(experiment="t", name="a", config={**cfg, "num_workers": 1}, storage_path="runs",
+                  resumable=("num_workers",)) as run:  # a resumable field may change
+        assert run.continued and run.run_id == first and status(first) == "RUNNING"
+        run.save(outcome="done")
+    assert status(first) == "FINISHED" and read_run_meta("runs", "a")["outcome"] == "done"
+
+    with pytest.raises(ConfigError, match=r"already exists .* different config \(epochs\)"):
+        open_run(experiment="t", name="a", config={**cfg, "epochs": 4}, storage_path="runs")
+    with open_run(experiment="t", name="a", config=cfg, storage_path="runs") as again:
+        assert again.finished and again.meta["outcome"] == "done"
+    assert status(first) == "FINISHED"  # reporting a finished run leaves it as it was
+
+
+def test_an_exception_marks_failed_and_ctrl_c_killed(workdir):
+    with pytest.raises(RuntimeError), open_run(experiment="t", name="boom", config={}) as run:
+        raise RuntimeError("broken")
+    assert status(run.run_id) == "FAILED"
+    with pytest.raises(KeyboardInterrupt), open_run(experiment="t", name="ctrl-c", config={}) as run:
+        raise KeyboardInterrupt
+    assert status(run.run_id) == "KILLED"
+
+
+def test_default_names_do_not_collide_within_a_second():
+    names = {default_run_name("pretrain") for _ in range(50)}
+    assert len(names) == 50 and all(n.startswith("pretrain-") for n in names)
