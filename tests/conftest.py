@@ -80,3 +80,18 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+def register_tiny_encoder(workdir: Path) -> tuple[str, Path]:
+    """A tiny encoder registered as ``ropim-encoder`` (alias 'champion' on version 1); also kept as a local folder."""
+    from safetensors.torch import load_file
+
+    from ropim.tracking import registry, store
+
+    folder = encoder_folder(workdir / "enc-local")
+    state, config = load_file(str(folder / "encoder.safetensors")), json.loads((folder / "config.json").read_text())
+    run_id = store.create_run("ropim-pretrain", "tiny", PretrainConfig(model=TINY_MODEL).to_dict())
+    uri = registry.register_encoder(run_id, state, config)
+    store.end_run(run_id)
+    store.client().set_registered_model_alias("ropim-encoder", "champion", uri.rsplit("/", 1)[1])
+    return uri, folder

@@ -14,13 +14,14 @@ from __future__ import annotations
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Literal
 
 from jsonargparse import ArgumentParser, Namespace
 
 from ropim.cli import ERRORS, preset_action, shipped_presets
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.train.config import PretrainConfig
-from tune.config import METRICS, PRESETS, SCHEDULERS, SweepConfig
+from tune.config import METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
 NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
@@ -42,12 +43,12 @@ def parser() -> ArgumentParser:
                    help="continue the sweep NAME (under --storage-path) with its stored config; other flags ignored")
     p.add_argument("--preset_name", "--preset-name", type=str, default="rho_ablation",
                    help="the preset's name, recorded with the sweep (set by the preset files)")
-    p.add_argument("--search", type=str, default="grid", help="grid | tpe (Optuna)")
+    p.add_argument("--search", type=Literal[SEARCHES], default="grid", help="grid, or tpe (Optuna)")
     p.add_argument("--space", type=dict | None, default=None,
                    help='search space as JSON, e.g. \'{"rho": {"grid": [0.1, 0.3]}}\' (kinds grid, choice, uniform, '
                         "loguniform over any pretraining field)")
-    p.add_argument("--metric", type=str, default="knn_top1", help=f"objective: {', '.join(METRICS)}")
-    p.add_argument("--scheduler", type=str, default="none", help=f"{' | '.join(SCHEDULERS)}")
+    p.add_argument("--metric", type=Literal[tuple(METRICS)], default="knn_top1", help="the objective on the val split")
+    p.add_argument("--scheduler", type=Literal[SCHEDULERS], default="none", help="none, or asha (early stopping)")
     p.add_argument("--grace_period", "--grace-period", type=int, default=1, help="ASHA: epochs before a stop")
     p.add_argument("--reduction_factor", "--reduction-factor", type=int, default=2, help="ASHA")
     p.add_argument("--num_samples", "--num-samples", type=int, default=1,

@@ -189,12 +189,12 @@ class PretrainResult:
 
 def resume_config(run_name: str, storage_path: str = "ray_results", **resumable) -> PretrainConfig:
     """The stored config of run ``run_name``, trained to the end, with resumable fields replaced by ``resumable``."""
-    meta = read_run_meta(storage_path, run_name)
-    if meta is None:
-        raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
     unknown = set(resumable) - set(PRETRAIN_RESUMABLE)
     if unknown:
         raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
+    meta = read_run_meta(storage_path, run_name)
+    if meta is None:
+        raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
     return dataclasses.replace(PretrainConfig.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
 
 

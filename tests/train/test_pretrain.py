@@ -1,8 +1,9 @@
-"""End to end on CPU: 2-worker Ray Train pretraining -> MLflow registry -> reload in a fresh process -> fine-tune."""
+"""Pretraining on Ray Train (2 CPU workers): logged, pictured and registered; the encoder reloads identically in a
+fresh process without pickle and fine-tunes; a worker that dies mid-epoch restarts from the latest checkpoint, here
+with Ray Data ingest."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,21 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_finetune, tiny_pretrain
 from safetensors.torch import load_file
 
-from ropim import registry
-from ropim.data import DataConfig
-from ropim.evaluate import FinetuneConfig, finetune
-from ropim.model import ModelConfig, create_encoder
-from ropim.train import PretrainConfig, pretrain
+from ropim.core.config import ModelConfig
+from ropim.core.model import create_encoder
+from ropim.tracking import registry, store
+from ropim.train.finetune import finetune
+from ropim.train.pretrain import pretrain
 
 TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
 
 
 @pytest.fixture(scope="module")
 def pretrained(workdir, ray_session):
-    cfg = PretrainConfig(model=TINY, epochs=2, global_batch_size=16, max_steps_per_epoch=3, num_workers=2,
-                         run_name="tiny")
+    cfg = tiny_pretrain(model=TINY, num_workers=2, run_name="tiny", viz_every=10)
     return cfg, pretrain(cfg)
 
 
@@ -33,7 +34,7 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
     cfg, result = pretrained
     assert result.metrics["step"] == 6 and result.metrics["epoch"] == 2
     assert result.encoder_uri.startswith("models:/ropim-encoder/")
-    c = registry.client()
+    c = store.client()
     run = c.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     assert float(run.data.params["model.rho"]) == pytest.approx(1 / 7)
@@ -56,7 +57,7 @@ def test_registered_encoder_reloads_identically_in_fresh_process(pretrained, wor
     np.save(workdir / "x.npy", x.numpy())
     script = f"""
 import numpy as np, torch, mlflow
-from ropim.registry import load_encoder
+from ropim.tracking.registry import load_encoder
 enc, cfg = load_encoder({result.encoder_uri!r})
 x = torch.from_numpy(np.load("x.npy"))
 with torch.no_grad():
@@ -78,11 +79,9 @@ np.save("pyfunc.npy", mlflow.pyfunc.load_model({result.encoder_uri!r}).predict(n
 
 def test_finetune_from_registered_encoder_tags_the_version(pretrained):
     _, result = pretrained
-    cfg = FinetuneConfig(encoder=result.encoder_uri, data=DataConfig(), epochs=1, batch_size=64, warmup_epochs=0,
-                         mixup=0, cutmix=0)
-    metrics = finetune(cfg)
+    metrics = finetune(tiny_finetune(result.encoder_uri, num_workers=0, epochs=1, mixup=0, cutmix=0))
     assert 0 <= metrics["top1"] <= metrics["top5"] <= 100
-    c = registry.client()
+    c = store.client()
     run = c.get_run(metrics["run_id"])
     name, version = registry.resolve_version(result.encoder_uri)
     assert run.data.tags["ropim.encoder_version"] == version and run.data.tags["ropim.encoder_name"] == name
@@ -94,48 +93,3 @@ def test_missing_alias_and_version_are_clear_errors(pretrained):
         registry.load_encoder("models:/ropim-encoder@nope")
     with pytest.raises(LookupError, match="no such registered version"):
         registry.load_encoder("models:/ropim-encoder/999")
-
-
-def _cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ropim.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--model.rho", "1.5"], "rho=1.5"),
-        (["--model.rho", "0"], "rho=0"),
-        (["--model.img_size", "30", "--model.patch_size", "4"], "patch size must divide"),
-        (["--model.arch", "vit_giant_patch99"], "arch='vit_giant_patch99'"),
-        (["--global_batch_size", "10", "--num_workers", "3"], "not divisible by num_workers=3"),
-    ],
-)
-def test_bad_input_fails_before_ray_starts(args, message, tmp_path):
-    proc = _cli("pretrain", "--preset", "digits_demo", *args, cwd=tmp_path)
-    assert proc.returncode != 0
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr and "Ray" not in proc.stdout + proc.stderr
-    assert not (tmp_path / "mlflow.db").exists()
-
-
-def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
-    proc = _cli("pretrain", "--preset", "digits_demo", env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
-                cwd=tmp_path)
-    assert proc.returncode != 0
-    assert "MLflow server unreachable" in proc.stderr and "http://127.0.0.1:9" in proc.stderr
-    assert "Started a local Ray instance" not in proc.stderr
-
-
-def test_cli_presets_and_config_resolution(tmp_path):
-    listed = _cli("presets").stdout
-    assert "pretrain/digits_demo" in listed and "demo/digits_demo" in listed
-    proc = _cli("pretrain", "--preset", "digits_demo", "--model.rho", "0.25", "--print_config")
-    printed = proc.stdout
-    assert "rho: 0.25" in printed and "depth: 6" in printed
-    user = tmp_path / "mine.yaml"
-    user.write_text(json.dumps({"epochs": 3, "model": {"rho": 0.5}}))
-    printed = _cli("pretrain", "--preset", "digits_demo", "--config", str(user), "--print_config").stdout
-    assert "epochs: 3" in printed and "rho: 0.5" in printed and "depth: 6" in printed
-    unknown = _cli("pretrain", "--preset", "nope")
-    assert unknown.returncode != 0 and "unknown --preset 'nope'" in unknown.stderr

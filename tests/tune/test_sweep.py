@@ -11,14 +11,18 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+import yaml
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from ropim import registry
+from ropim.tracking import registry, store
 from tune import report
+from tune.driver import prepare, run_sweep
+from tune.outcome import SweepResult, metric_key
 from tune.resources import PG_FOLDER, release, release_all
 from tune.spaces import apply_trial, n_grid_points, to_tune, validate_space
-from tune.sweep import SweepResult, config_from_args, load_study, main, run_sweep
+from tune.study import load_study
+from tune.sweep import config_from_args, main
 
 TINY = ["--workers-per-trial", "1", "--cpus-per-worker", "1", "--model.depth", "1", "--global_batch_size", "16",
         "--max_steps_per_epoch", "3", "--warmup_epochs", "0", "--log_every", "100", "--viz_every", "0"]
@@ -45,7 +49,7 @@ def test_spaces_validate_and_convert():
 
 
 def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
-    cfg, _ = config_from_args(["--preset", "tpe", "--num-samples", "5", "--max-concurrent", "1", *TINY,
+    cfg = config_from_args(["--preset", "tpe", "--num-samples", "5", "--max-concurrent", "1", *TINY,
                                "--model.depth", "2", "--name", "x"])
     assert (cfg.search, cfg.scheduler, cfg.num_samples, cfg.max_concurrent) == ("tpe", "asha", 5, 1)
     assert cfg.pretrain["model"]["depth"] == 2 and cfg.pretrain["num_workers"] == 1
@@ -55,14 +59,16 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
 
     from ropim.cli import main as ropim_main
 
-    ropim_main(["sweep", "--preset", "rho_ablation", "--num-samples", "2", *TINY, "--print-config"])
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["space"] == {"rho": {"grid": RHOS}} and printed["pretrain"]["eval_every"] == 8
+    with pytest.raises(SystemExit):
+        ropim_main(["sweep", "--preset", "rho_ablation", "--num-samples", "2", *TINY, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["space"] == {"rho": {"grid": RHOS}} and printed["num_samples"] == 2 and printed["num_workers"] == 1
+    assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain["eval_every"] == 8  # final epoch
     with pytest.raises(SystemExit, match="rho: values must lie in"):
         main(["--space", '{"rho": {"grid": [0.07, 1.2]}}', *TINY])
     with pytest.raises(SystemExit, match="scheduler=asha needs"):
         main(["--scheduler", "asha", *TINY])
-    with pytest.raises(SystemExit, match="unknown sweep --preset 'nope'"):
+    with pytest.raises(SystemExit, match="unknown --preset 'nope'"):
         main(["--preset", "nope"])
     with pytest.raises(SystemExit, match="--resume ghost: no sweep"):
         main(["--resume", "ghost"])
@@ -71,11 +77,11 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
 
 def test_linear_probe_objective(workdir):
     """--metric linear_top1 turns the linear probe on in every trial; the probe scores real features."""
-    from ropim.model import ROPIM
-    from ropim.train import PretrainConfig, quality_metrics
-    from tune.sweep import metric_key, prepare
+    from ropim.core.model import ROPIM
+    from ropim.train.config import PretrainConfig
+    from ropim.train.downstream import frozen_scores
 
-    cfg, _ = config_from_args(["--metric", "linear_top1", *TINY, "--name", "lin"])
+    cfg = config_from_args(["--metric", "linear_top1", *TINY, "--name", "lin"])
     assert not cfg.pretrain["eval_linear_probe"]
     cfg = prepare(cfg)
     assert cfg.pretrain["eval_linear_probe"] and cfg.mode == "max"
@@ -85,7 +91,7 @@ def test_linear_probe_objective(workdir):
 
     pretrain = PretrainConfig.from_dict(cfg.pretrain)
     torch.manual_seed(0)
-    scores = quality_metrics(ROPIM(pretrain.model).encoder, pretrain)
+    scores = frozen_scores(ROPIM(pretrain.model).encoder, 32, pretrain.data, pretrain.knn_k)
     # a random-init ViT's features are far from chance on digits (10 classes), under 100%
     assert set(scores) == {"knn_top1", "linear_top1"} and 30 < scores["linear_top1"] < 100
 
@@ -111,18 +117,18 @@ def test_report_writes_tables_and_plots(tmp_path):
 
 
 def _children(parent: str) -> list:
-    c = registry.client()
+    c = store.client()
     exp = c.get_experiment_by_name("ropim-sweep")
     return c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
 
 
 def _artifacts(run_id: str) -> set[str]:
-    return {f.path for f in registry.client().list_artifacts(run_id, "sweep")}
+    return {f.path for f in store.client().list_artifacts(run_id, "sweep")}
 
 
 @pytest.fixture(scope="module")
 def rho_sweep(workdir, ray_session) -> SweepResult:
-    cfg, _ = config_from_args(["--preset", "rho_ablation", "--max-concurrent", "2", *TINY, "--epochs", "2",
+    cfg = config_from_args(["--preset", "rho_ablation", "--max-concurrent", "2", *TINY, "--epochs", "2",
                                "--base_lr", "0.064", "--name", "rho"])
     return run_sweep(cfg)
 
@@ -133,7 +139,7 @@ def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep):
     assert all(row["status"] == "finished" and row["seed"] == 0 and row["epochs_run"] == 2 for row in r.rows)
     assert all(0 < row["knn_top1"] <= 100 for row in r.rows)
 
-    c = registry.client()
+    c = store.client()
     parent = c.get_run(r.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["ropim.kind"] == "sweep"
     assert parent.data.metrics["best_knn_top1"] == max(row["knn_top1"] for row in r.rows) == r.best["knn_top1"]
@@ -190,13 +196,13 @@ class InterruptAfterFirstTrial(Callback):
 
 def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep, workdir, tmp_path):
     space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [50.0, 200.0]}, "epochs": {"choice": [1, 2]}}
-    cfg, _ = config_from_args(["--preset", "tpe", "--num-samples", "3", "--max-concurrent", "2", "--space",
+    cfg = config_from_args(["--preset", "tpe", "--num-samples", "3", "--max-concurrent", "2", "--space",
                                json.dumps(space), *TINY, "--name", "tpe"])
     first = run_sweep(cfg, callbacks=[InterruptAfterFirstTrial(tmp_path)])
     done_first = (tmp_path / "interrupted").read_text()
     assert not first.complete and first.encoder_uri is None
-    assert registry.client().get_run(first.parent_run_id).info.status == "KILLED"
-    study = load_study(f"{cfg.storage_path}/tpe")
+    assert store.client().get_run(first.parent_run_id).info.status == "KILLED"
+    study = load_study(prepare(cfg))
     completed = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert len(completed) >= 1
 
@@ -206,7 +212,7 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
     assert f"first {done_first}" in starts and f"resumed {done_first}" not in starts  # not re-run
     assert len(second.rows) == 3 and all(r["status"] != "unfinished" for r in second.rows)
     assert len({r["mlflow_run"] for r in second.rows}) == len(_children(second.parent_run_id)) == 3
-    resumed_study = load_study(f"{cfg.storage_path}/tpe")
+    resumed_study = load_study(prepare(cfg))
     assert len(resumed_study.trials) == 3
     for t in completed:  # the study's history survived the interruption
         assert any(u.params == t.params and u.value == t.value for u in resumed_study.trials)

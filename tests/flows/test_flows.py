@@ -1,0 +1,57 @@
+"""The composed commands: `ropim probe` (linear probe + kNN at another resolution, logged and tagged, features
+cached) and `ropim transfer` (one table over encoders, preflight before any run)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import encoder_folder, register_tiny_encoder
+
+from ropim.flows.config import ProbeConfig, TransferConfig
+from ropim.flows.probe import probe
+from ropim.flows.transfer import transfer
+from ropim.tracking import store
+
+
+@pytest.fixture(scope="module")
+def encoder(workdir):
+    return register_tiny_encoder(workdir)
+
+
+def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
+    uri, _ = encoder
+    with caplog.at_level(logging.INFO, logger="ropim"):
+        res = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats")))
+    assert "from a 8x8 to a 12x12 grid" in caplog.text
+    assert res["linear"]["top1"] > 25 and res["knn"]["top1"] > 25  # 10 classes: chance is 10
+    c = store.client()
+    tags = c.get_model_version("ropim-encoder", "1").tags
+    assert tags["downstream.digits.linear_top1"] == f"{res['linear']['top1']:.2f}"
+    assert tags["downstream.digits.knn_top1"] == f"{res['knn']['top1']:.2f}"
+    assert {"linear_confusion.png", "knn_confusion.png"} <= {a.path for a in c.list_artifacts(res["run_id"])}
+    assert len(list((workdir / "feats").glob("features-*.safetensors"))) == 1
+    again = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats")))
+    assert again["linear"]["top1"] == res["linear"]["top1"]  # same cached features, same seeded probe
+
+
+def test_transfer_table_over_encoders(workdir, encoder):
+    uri, folder = encoder
+    other = encoder_folder(workdir / "enc-other", seed=1)
+    out = workdir / "transfer"
+    res = transfer(TransferConfig(encoders=f"{uri},{other}", data="digits", mode="probe",
+                                  probe=ProbeConfig(), out=str(out)))
+    assert [r["encoder_label"] for r in res["rows"]] == ["ropim-encoder v1", str(other)]
+    md = (out / "transfer.md").read_text()
+    assert "| encoder | digits | mean |" in md and "| ropim-encoder v1 |" in md and "kNN (k=20)" in md
+    rows = (out / "transfer.csv").read_text().strip().splitlines()
+    assert rows[0] == "encoder,digits,mean" and len(rows) == 3
+    assert len(json.loads((out / "transfer.json").read_text())["rows"]) == 2
+    c = store.client()
+    n_runs = len(c.search_runs([c.get_experiment_by_name("ropim-probe").experiment_id]))
+    with pytest.raises(LookupError, match="no alias 'nope'"):  # the bad second encoder stops it before any run
+        transfer(TransferConfig(encoders=f"{uri},models:/ropim-encoder@nope", data="digits", mode="probe"))
+    assert len(c.search_runs([c.get_experiment_by_name("ropim-probe").experiment_id])) == n_runs
+
+
