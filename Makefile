@@ -18,6 +18,8 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/python scripts/check_layout.py
 
 test: lint
 	$(VENV)/bin/pytest

@@ -1,6 +1,6 @@
 """Images/s decoded + augmented from Parquet: Ray Data (``ropim.ingest``) vs a plain torch DataLoader.
 
-Both read the same shards (default ``/work/shared/datasets/cifar10``), decode with ``ropim.sources.decode_rgb``
+Both read the same shards (``--data`` or ``ROPIM_BENCH_DATA``), decode with ``ropim.data.decode.decode_rgb``
 and apply the same ``pretrain_transform`` (RandomResizedCrop 0.67–1 + flip + normalize), on the same number of
 cores ``--cpus``:
 
@@ -40,8 +40,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from ropim.data import DataConfig, build_dataset, pretrain_transform
-from ropim.sources import decode_rgb, open_source, split_list
+from ropim.data.config import DataConfig
+from ropim.data.datasets import build_dataset, pretrain_transform
+from ropim.data.decode import decode_rgb
+from ropim.data.sources import open_source, split_list
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data_throughput.json"
 TARGET = 0.8
@@ -72,7 +74,7 @@ def run_torch(cfg: DataConfig, img_size: int, batch_size: int, cpus: int, n_imag
 
 
 def run_ray(cfg: DataConfig, img_size: int, batch_size: int, n_images: int, seed: int) -> dict:
-    from ropim.ingest import build_ray_dataset, iter_epoch
+    from ropim.data.ingest import build_ray_dataset, iter_epoch
 
     ds = build_ray_dataset(cfg, "train", img_size, shuffle_seed=seed)
     return _timed(iter_epoch(ds, batch_size, epoch=seed, seed=seed, device="cpu"), n_images)
@@ -100,10 +102,11 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from ropim.cli import presets
-    from ropim.train import PretrainConfig, pretrain
+    from ropim.cli import PRESETS
+    from ropim.train.config import PretrainConfig
+    from ropim.train.pretrain import pretrain
 
-    raw = yaml.safe_load(presets("pretrain")["pretrain/cifar_micro"].read_text())
+    raw = yaml.safe_load((PRESETS / "pretrain" / "cifar_micro.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         raw |= {"epochs": epochs, "max_steps_per_epoch": steps, "warmup_epochs": 0, "eval_every": 0, "viz_every": 0,
                 "ingest": ingest, "run_name": "bench", "storage_path": f"{tmp}/ray_results"}
@@ -122,7 +125,8 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default="/work/shared/datasets/cifar10")
+    p.add_argument("--data", default=os.environ.get("ROPIM_BENCH_DATA"), required="ROPIM_BENCH_DATA" not in os.environ,
+                   help="CIFAR-10 Parquet shards (or set ROPIM_BENCH_DATA)")
     p.add_argument("--images", type=int, default=8000, help="images per timed run")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=32)

@@ -28,7 +28,8 @@ def run_loop(config: dict) -> dict:
     """Warm up, then time ``steps`` training steps; returns img/s and the loop's wall time."""
     from timm.optim import create_optimizer_v2
 
-    from ropim.model import ROPIM, ModelConfig
+    from ropim.core.config import ModelConfig
+    from ropim.core.model import ROPIM
 
     t_start = time.perf_counter()
     torch.manual_seed(0)

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import torch
 
-from ropim.model import ROPIM, ModelConfig, patchify
-from ropim.sketch import Sketch, draw_sketch
+from ropim.core.backbone import encode_patch_embeddings
+from ropim.core.config import ModelConfig
+from ropim.core.model import ROPIM, patchify
+from ropim.core.sketch import Sketch, draw_sketch
 
 ARCH = "vit_tiny_patch16_224"
 SETTINGS = {
@@ -53,12 +55,7 @@ class DenseROPIM(ROPIM):
         pi = sketch.dense().to(imgs.dtype)  # (B, N, N)
         enc = self.encoder
         x = torch.bmm(pi, enc.patch_embed(imgs))  # Φ' = Π Φ
-        x = enc._pos_embed(x)
-        x = enc.patch_drop(x)
-        x = enc.norm_pre(x)
-        x = enc.blocks(x)
-        x = enc.norm(x)
-        pred = self.decoder(x[:, enc.num_prefix_tokens :])
+        pred = self.decoder(encode_patch_embeddings(enc, x))
         diff = patchify(imgs, self.cfg.patch_size) - pred
         diff = diff - torch.bmm(pi, diff)  # (I − Π)(X − X̃)
         loss = diff.abs().mean() if self.cfg.loss == "l1" else diff.pow(2).mean()

@@ -173,12 +173,18 @@ def run_data(ns: Namespace) -> None:
         print(format_summary(inspect_source(cfg, args.sample)))
 
 
-def preflight(cfg):
-    """Validate ``cfg`` and reach the tracking store before anything heavy is imported; return ``cfg``."""
+def preflight(cfg, encoders: list[str] = ()):
+    """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
+    imported; return ``cfg``."""
     from ropim.tracking.uri import check_tracking, tracking_uri
 
     cfg.validate()
     check_tracking(tracking_uri())
+    if encoders:
+        from ropim.tracking.registry import check_model_uri
+
+        for uri in encoders:
+            check_model_uri(uri)
     return cfg
 
 
@@ -200,7 +206,8 @@ def run_pretrain(ns: Namespace) -> None:
 def run_finetune(ns: Namespace) -> None:
     from ropim.train.config import FinetuneConfig
 
-    cfg = preflight(config(ns, FinetuneConfig))
+    cfg = config(ns, FinetuneConfig)
+    preflight(cfg, [cfg.encoder])
     from ropim.train.finetune import finetune
 
     metrics = finetune(cfg)
@@ -212,7 +219,8 @@ def run_finetune(ns: Namespace) -> None:
 def run_probe(ns: Namespace) -> None:
     from ropim.flows.config import ProbeConfig
 
-    cfg = preflight(config(ns, ProbeConfig))
+    cfg = config(ns, ProbeConfig)
+    preflight(cfg, [cfg.encoder])
     from ropim.flows.probe import probe
 
     r = probe(cfg)
@@ -223,7 +231,8 @@ def run_probe(ns: Namespace) -> None:
 def run_transfer(ns: Namespace) -> None:
     from ropim.flows.config import TransferConfig
 
-    cfg = preflight(config(ns, TransferConfig))
+    cfg = config(ns, TransferConfig)
+    preflight(cfg, cfg.encoder_list)
     from ropim.flows.transfer import transfer
 
     transfer(cfg)

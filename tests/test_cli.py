@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli
+from support import ROOT, run_cli
 
 from ropim.cli import PRESETS, config, job_parser, shipped_presets
 from ropim.train.config import PretrainConfig

@@ -1,12 +1,17 @@
-"""ray_cluster.yaml: Ray's own offline validation, and the things the file promises.
+"""ray_cluster.yaml: Ray's JSON schema for cluster files, the cross-field rules `ray up` applies, and the things the
+file promises.
 
-Offline and fast: Ray's `prepare_config` + `validate_config` check the file against Ray's JSON
-schema without any cloud SDK or network. They do not check instance types, AMIs or IAM.
+Offline and fast: the schema Ray ships (``ray/autoscaler/ray-schema.json``, a public data file) checks keys and types
+without any cloud SDK or network; the rules Ray checks in code (head node type exists, the global ``max_workers``
+covers the sum of ``min_workers``) and the per-node-type bounds Ray does not check are ours. Instance types, AMIs and
+IAM are not checked.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.resources
+import json
 import re
 import shlex
 from pathlib import Path
@@ -14,7 +19,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from ray.autoscaler._private.util import prepare_config, validate_config
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray_cluster.yaml"
 DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -31,11 +35,19 @@ def cfg(raw) -> dict:
     return copy.deepcopy(raw)
 
 
+RAY_SCHEMA = json.loads(importlib.resources.files("ray.autoscaler").joinpath("ray-schema.json").read_text())
+
+
 def ray_validate(cfg: dict) -> dict:
-    """What `ray up` does first: fill in defaults, then validate against Ray's schema."""
-    prepared = prepare_config(copy.deepcopy(cfg))
-    validate_config(prepared)
-    return prepared
+    """What `ray up` checks first: Ray's schema, then that the head node type exists and that the global
+    max_workers covers the sum of every node type's min_workers."""
+    jsonschema.validate(cfg, RAY_SCHEMA)
+    types = cfg["available_node_types"]
+    if cfg["head_node_type"] not in types:
+        raise ValueError("`head_node_type` must be one of `available_node_types`")
+    if cfg.get("max_workers", 0) < sum(t.get("min_workers", 0) for t in types.values()):
+        raise ValueError("`max_workers` is smaller than the sum of `min_workers` of all node types")
+    return copy.deepcopy(cfg)
 
 
 def check_cluster_config(cfg: dict) -> dict:
@@ -237,7 +249,6 @@ def test_head_is_cpu_only_and_takes_no_cpu_work(cfg):
 
 def test_setup_installs_the_project_on_every_node(cfg):
     assert cfg["file_mounts"]["~/ropim"] == "."
-    prepared = ray_validate(cfg)  # merges setup_commands into the head and worker lists
-    for key in ("head_setup_commands", "worker_setup_commands"):
-        installs = [program_args(c, "pip", "install") for c in prepared[key]]
+    for key in ("head_setup_commands", "worker_setup_commands"):  # `ray up` runs setup_commands, then these
+        installs = [program_args(c, "pip", "install") for c in cfg.get("setup_commands", []) + cfg.get(key, [])]
         assert any(a and a[:2] == ["-e", "~/ropim"] for a in installs), key

@@ -8,6 +8,7 @@ import io
 import json
 import math
 import statistics
+import warnings
 from pathlib import Path
 
 COLUMNS = ("trial", "rho", "base_lr", "epochs", "seed")
@@ -140,21 +141,25 @@ def importances(study) -> dict[str, float]:
     return dict(optuna.importance.get_param_importances(study))
 
 
-def plot_importances(imp: dict[str, float], path: Path, title: str) -> None:
+def plot_importances(study, imp: dict[str, float], path: Path, title: str) -> None:
+    """Optuna's own importance plot of ``study`` (its matplotlib backend), or a note when there is too little."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import optuna
 
-    fig, ax = plt.subplots(figsize=(5, 2.5 + 0.3 * len(imp)))
     if imp:
-        names = list(imp)[::-1]
-        ax.barh(names, [imp[n] for n in names])
-        ax.set(xlabel="importance (Optuna fANOVA)", xlim=(0, 1))
+        with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            ax = optuna.visualization.matplotlib.plot_param_importances(study)
+        fig = ax.figure
+        ax.set_title(f"{title}: hyperparameter importances (Optuna fANOVA)", loc="left")
     else:
+        fig, ax = plt.subplots(figsize=(5, 2.5))
         ax.text(0.5, 0.5, "needs ≥ 2 finished trials", ha="center", va="center")
         ax.set_axis_off()
-    ax.set_title(title)
+        ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -175,7 +180,7 @@ def write_report(rows: list[dict], metric: str, folder: Path, title: str, *, gri
         files["param_importances.png"] = folder / "param_importances.png"
         plot_metric_by_trial(rows, metric, files["metric_by_trial.png"], title)
         imp = importances(study)
-        plot_importances(imp, files["param_importances.png"], title)
+        plot_importances(study, imp, files["param_importances.png"], title)
         files["importances.json"] = folder / "importances.json"
         files["importances.json"].write_text(json.dumps(imp, indent=2))
     return files

@@ -108,6 +108,43 @@ def _write_shard(fs, dst: str, name: str, images: ImageList, idx: np.ndarray, sc
     return rows
 
 
+def plan_shards(lists: dict[str, ImageList], shard_size: int, shuffle: bool, seed: int,
+                source: dict) -> dict[str, tuple[str, np.ndarray, dict]]:
+    """{shard file name: (split, item indices, the plan stored in the shard)} of every shard to hold."""
+    plans = {}
+    for split, images in lists.items():
+        order = _order(len(images), shuffle, seed)
+        n_shards = -(-len(order) // shard_size)
+        for k in range(n_shards):
+            plans[f"{split}-{k:05d}.parquet"] = (split, order[k * shard_size:(k + 1) * shard_size], {
+                "split": split, "index": k, "shards": n_shards, "shard_size": shard_size, "items": len(order),
+                "shuffle": shuffle, "seed": seed, **source})
+    return plans
+
+
+def kept_shards(fs, root: str, dst: str, plans: dict) -> set[str]:
+    """The shards already in ``root`` that match their plan; temporary leftovers and stale shards are removed, a
+    Parquet file convert did not write is refused."""
+    keep = set()
+    for info in fs.get_file_info(pafs.FileSelector(root)):
+        name = info.base_name
+        if info.type != pafs.FileType.File:
+            continue
+        if name.startswith(".") and name.endswith(".tmp"):
+            fs.delete_file(info.path)  # a temporary file left by a killed run
+        elif name.endswith(".parquet"):
+            meta = _shard_meta(fs, info.path)
+            if meta is None:
+                raise ConfigError(f"convert destination {dst!r} holds {name}, not written by `ropim data convert`; "
+                                  f"give an empty folder or one written by convert")
+            if name in plans and meta == plans[name][2]:
+                keep.add(name)
+            else:
+                log.info(f"removing stale shard {name} (written with another plan)")
+                fs.delete_file(info.path)
+    return keep
+
+
 def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool = True, seed: int = 0,
             progress: bool = True) -> ConvertReport:
     """Convert the source ``cfg`` to Parquet shards in ``dst`` (a folder or URI); resumable, see module doc."""
@@ -123,34 +160,9 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
         raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
     fs.create_dir(root, recursive=True)
 
-    plans = {}
-    for split, images in lists.items():
-        order = _order(len(images), shuffle, seed)
-        n_shards = -(-len(order) // shard_size)
-        for k in range(n_shards):
-            plans[f"{split}-{k:05d}.parquet"] = (split, order[k * shard_size:(k + 1) * shard_size], {
-                "split": split, "index": k, "shards": n_shards, "shard_size": shard_size, "items": len(order),
-                "shuffle": shuffle, "seed": seed, "format": src.format, "source": src.location,
-                "on_bad_image": cfg.on_bad_image,
-            })
-
-    existing = [i for i in fs.get_file_info(pafs.FileSelector(root)) if i.type == pafs.FileType.File]
-    keep = set()
-    for info in existing:
-        name = info.base_name
-        if name.startswith(".") and name.endswith(".tmp"):
-            fs.delete_file(info.path)  # a temporary file left by a killed run
-        elif name.endswith(".parquet"):
-            meta = _shard_meta(fs, info.path)
-            if meta is None:
-                raise ConfigError(f"convert destination {dst!r} holds {name}, not written by `ropim data convert`; "
-                                  f"give an empty folder or one written by convert")
-            if name in plans and meta == plans[name][2]:
-                keep.add(name)
-            else:
-                log.info(f"removing stale shard {name} (written with another plan)")
-                fs.delete_file(info.path)
-
+    plans = plan_shards(lists, shard_size, shuffle, seed, {"format": src.format, "source": src.location,
+                                                          "on_bad_image": cfg.on_bad_image})
+    keep = kept_shards(fs, root, dst, plans)
     report = ConvertReport(dst=dst, shards_kept=len(keep))
     classes = json.dumps(src.classes)
     with fs.open_output_stream(posixpath.join(root, ".classes.json.tmp")) as f:

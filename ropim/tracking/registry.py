@@ -11,14 +11,16 @@ import json
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
-import torch
-from safetensors.torch import load_file, save_file
 
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, tracking_uri
+
+if TYPE_CHECKING:
+    import torch
 
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
 CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
@@ -43,6 +45,8 @@ def register_model(
     """
     c = client(uri)
     with tempfile.TemporaryDirectory() as tmp:
+        from safetensors.torch import save_file  # torch only when a model is written
+
         weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -110,8 +114,9 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
     return name, version
 
 
-def _local_copy(model_uri: str, kind: str, uri: str | None) -> Path:
-    """A local folder holding the model at ``model_uri``; one clear error naming the URI when there is none."""
+def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
+    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder);
+    the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = Path(model_uri).expanduser()
     if local.exists():
         return local
@@ -128,6 +133,14 @@ def _local_copy(model_uri: str, kind: str, uri: str | None) -> Path:
             c.get_run(run_id)
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {run_id!r} at {uri or tracking_uri()}") from None
+    return None
+
+
+def local_copy(model_uri: str, kind: str, uri: str | None) -> Path:
+    """A local folder holding the model at ``model_uri``; one clear error naming the URI when there is none."""
+    local = check_model_uri(model_uri, kind, uri)
+    if local is not None:
+        return local
     try:
         return Path(mlflow.artifacts.download_artifacts(model_uri))
     except (mlflow.exceptions.MlflowException, OSError) as err:
@@ -140,11 +153,13 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
     local folder holding ``<kind>.safetensors`` + ``config.json``."""
     client(uri)
-    local = _local_copy(model_uri, kind, uri)
+    local = local_copy(model_uri, kind, uri)
     weights = next(local.rglob(f"{kind}.safetensors"), None)
     cfg_file = next(local.rglob("config.json"), None)
     if weights is None or cfg_file is None:
         raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
+    from safetensors.torch import load_file  # torch only when a model is read
+
     return load_file(str(weights)), json.loads(cfg_file.read_text())
 
 

@@ -7,7 +7,7 @@ import json
 import logging
 
 import pytest
-from conftest import encoder_folder, register_tiny_encoder
+from support import encoder_folder, register_tiny_encoder
 
 from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe

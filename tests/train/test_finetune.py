@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_FINETUNE, TINY_MODEL, encoder_folder, register_tiny_encoder, run_cli
 from PIL import Image
 from safetensors.torch import load_file
+from support import TINY_FINETUNE, TINY_MODEL, encoder_folder, register_tiny_encoder, run_cli
 
 from ropim.core.model import create_encoder
 from ropim.data.config import DataConfig

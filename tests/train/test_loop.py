@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import encoder_folder, tiny_finetune, tiny_pretrain
+from support import encoder_folder, tiny_finetune, tiny_pretrain
 
 from ropim.tracking import store
 from ropim.train import loop

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_finetune, tiny_pretrain
 from safetensors.torch import load_file
+from support import tiny_finetune, tiny_pretrain
 
 from ropim.core.config import ModelConfig
 from ropim.core.model import create_encoder

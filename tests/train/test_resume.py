@@ -4,32 +4,16 @@ here with Ray Data ingest from Parquet, 2 workers on 2 CPUs (the setting that us
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 
 import pytest
-from conftest import tiny_pretrain
+from support import tiny_pretrain
 
 from ropim.data.config import DataConfig
 from ropim.data.convert import convert
 from ropim.tracking import store
-from ropim.train import pretrain as pretrain_module
 from ropim.train.pretrain import pretrain
-
-
-def crash_once(marker: str, config: dict, worker) -> None:
-    """The pretraining worker, except that rank 1 dies hard (``os._exit``) at optimizer step 3, once."""
-    original = pretrain_module.sketch_generator
-
-    def generator(seed, step, rank, device):
-        if step == 3 and rank == 1 and not os.path.exists(marker):
-            open(marker, "w").close()
-            os._exit(1)  # a hard worker death in epoch 2
-        return original(seed, step, rank, device)
-
-    pretrain_module.sketch_generator = generator  # this worker process only
-    pretrain_module.worker_main(config, worker)
 
 
 def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray_session, tmp_path):
@@ -37,7 +21,22 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
     convert(DataConfig(source="digits"), str(shards), shard_size=400, progress=False)
     cfg = tiny_pretrain(run_name="crash", epochs=3, max_steps_per_epoch=2, num_workers=2, cpus_per_worker=0.5,
                         ingest="ray_data", data=DataConfig(source=str(shards)))
-    marker = tmp_path / "crashed"
+    marker = str(tmp_path / "crashed")
+
+    def crash_once(config: dict, worker) -> None:  # nested: Ray pickles it by value
+        """The pretraining worker, except that rank 1 dies hard (``os._exit``) at optimizer step 3, once."""
+        from ropim.train import pretrain as module
+
+        original = module.sketch_generator
+
+        def generator(seed, step, rank, device):
+            if step == 3 and rank == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)  # a hard worker death in epoch 2
+            return original(seed, step, rank, device)
+
+        module.sketch_generator = generator  # in this worker process only
+        module.worker_main(config, worker)
 
     def hung(*_):
         raise TimeoutError("pretraining with Ray Data did not finish in 300 s: the 2-CPU hang is back")
@@ -45,11 +44,11 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(300)
     try:
-        result = pretrain(cfg, worker_fn=functools.partial(crash_once, str(marker)))
+        result = pretrain(cfg, worker_fn=crash_once)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    assert marker.exists()  # the worker did die
+    assert os.path.exists(marker)  # the worker did die
     assert result.metrics["epoch"] == 3 and result.metrics["step"] == 6 and result.encoder_uri is not None
     c = store.client()
     history = sorted(c.get_metric_history(result.run_id, "loss"), key=lambda m: m.step)
