@@ -70,3 +70,20 @@ def register_tiny_encoder(workdir: Path) -> tuple[str, Path]:
     store.end_run(run_id)
     store.client().set_registered_model_alias("ropim-encoder", "champion", uri.rsplit("/", 1)[1])
     return uri, folder
+
+
+def gen(seed: int = 0):
+    """A CPU torch generator seeded with ``seed``."""
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def make_model(base: ModelConfig, **changes):
+    """A ROPIM model of ``base`` with ``changes``, same initial weights every time, in eval mode."""
+    import torch
+
+    from ropim.core.model import ROPIM
+
+    torch.manual_seed(0)
+    return ROPIM(dataclasses.replace(base, **changes)).eval()

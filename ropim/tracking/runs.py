@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,10 +103,12 @@ class Run:
 
 def open_run(*, experiment: str, name: str, config: dict, storage_path: str | None = None, title: str | None = None,
              resumable: tuple[str, ...] = (), tags: dict | None = None, params: dict | None = None,
-             config_artifact: str | None = None, uri: str | None = None) -> Run:
+             config_artifact: str | None = None, uri: str | None = None,
+             normalize: Callable[[dict], dict] | None = None) -> Run:
     """Open run ``name``: continue the one stored under ``storage_path`` (same config but ``resumable`` fields,
     else ConfigError naming the changed fields), or create a new MLflow run named ``title`` (default ``name``)
-    with ``params`` (default: ``config``) flattened, ``tags``, and the config as JSON at ``config_artifact``."""
+    with ``params`` (default: ``config``) flattened, ``tags``, and the config as JSON at ``config_artifact``.
+    ``normalize`` brings a stored config to the current form (fields added since get their defaults)."""
     uri = uri or tracking_uri()
     meta = read_run_meta(storage_path, name) if storage_path is not None else None
     if meta is None:
@@ -115,7 +118,8 @@ def open_run(*, experiment: str, name: str, config: dict, storage_path: str | No
         run = Run(run_id, name, uri, storage_path, meta={"run_id": run_id, "config": config})
         run.save()
         return run
-    changed = changed_fields(meta["config"], config, resumable)
+    stored_config = normalize(meta["config"]) if normalize else meta["config"]
+    changed = changed_fields(stored_config, config, resumable)
     if changed:
         raise ConfigError(f"run_name={name!r} already exists under {storage_path} with a different config "
                           f"({', '.join(changed)}); continue it with its stored config "

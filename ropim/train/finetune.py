@@ -220,7 +220,8 @@ def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[
     cfg, ref = prepare(cfg, tracking)
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=FINETUNE_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
-                  config_artifact="config/finetune.json", uri=tracking) as run:
+                  config_artifact="config/finetune.json", uri=tracking,
+                  normalize=lambda stored: FinetuneConfig.from_dict(stored).to_dict()) as run:
         if run.finished:
             metrics = store.client(tracking).get_run(run.run_id).data.metrics
             print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): top-1 "

@@ -210,7 +210,8 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name("pretrain"))
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=PRETRAIN_RESUMABLE, tags={"ropim.kind": "pretrain"},
-                  config_artifact="config/pretrain.yaml", uri=uri) as run:
+                  config_artifact="config/pretrain.yaml", uri=uri,
+                  normalize=lambda stored: PretrainConfig.from_dict(stored).to_dict()) as run:
         if run.finished:  # report it; nothing is trained or registered again
             encoder_uri = run.meta.get("encoder_uri") or run.tags.get("ropim.encoder_uri")
             print(f"[pretrain] run {cfg.run_name} already finished (MLflow run {run.run_id}); encoder {encoder_uri}",

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from support import gen
+from support import make_model as make_cfg_model
 from timm.optim import create_optimizer_v2
 
 from ropim.core.config import ModelConfig, default_mask_unit
@@ -17,13 +19,8 @@ CFG = ModelConfig(img_size=32, patch_size=4, depth=2, corruption="mask")
 P, N, B = 4, 64, 3
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def make_model(**changes) -> ROPIM:
-    torch.manual_seed(0)
-    return ROPIM(dataclasses.replace(CFG, **changes)).eval()
+    return make_cfg_model(CFG, **changes)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 import timm
 import torch
+from support import gen
+from support import make_model as make_cfg_model
 
 from ropim.core.config import ModelConfig
 from ropim.core.model import ROPIM, encoder_spec, patchify, unpatchify
@@ -17,13 +19,8 @@ P, G, N = 4, 8, 64  # patch size, grid side, tokens
 B = 3
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def make_model(**changes) -> ROPIM:
-    torch.manual_seed(0)
-    return ROPIM(dataclasses.replace(CFG, **changes)).eval()
+    return make_cfg_model(CFG, **changes)
 
 
 @pytest.fixture(scope="module")

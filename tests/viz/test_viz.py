@@ -3,7 +3,6 @@ and Figure 5, on a tiny ViT at 32×32."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +13,8 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import save_file
+from support import gen
+from support import make_model as make_cfg_model
 
 from ropim.core.config import ModelConfig
 from ropim.core.model import ROPIM, patchify
@@ -29,13 +30,8 @@ CFG = ModelConfig(img_size=32, patch_size=4, depth=2, corruption="mask")
 P, N, B = 4, 64, 3
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def make_model(**changes) -> ROPIM:
-    torch.manual_seed(0)
-    return ROPIM(dataclasses.replace(CFG, **changes)).eval()
+    return make_cfg_model(CFG, **changes)
 
 
 @pytest.fixture(scope="module")
