@@ -10,7 +10,8 @@ import sys
 import pytest
 from support import ROOT, run_cli
 
-from ropim.cli import PRESETS, config, job_parser, shipped_presets
+from ropim.cli import PRESETS, job_parser, shipped_presets
+from ropim.commands import config
 from ropim.train.config import PretrainConfig
 
 PRETRAIN = shipped_presets(PRESETS / "pretrain")

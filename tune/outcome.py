@@ -105,6 +105,7 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
         c.set_model_version_tag(name, version, k, str(v))
     decisions = promote_champion(name, version, metric_key(cfg.metric, full), dataset_key(full["data"]),
                                           float(best[cfg.metric]), higher_is_better=cfg.mode == "max", uri=uri)
+    registry.describe(name, version, uri)  # the card now holds the sweep and its score
     return encoder_uri, decisions
 
 

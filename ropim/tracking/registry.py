@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import mlflow
 
 from ropim.errors import ConfigError
+from ropim.tracking.cards import card
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, tracking_uri
 
@@ -65,7 +66,18 @@ def register_model(
             continue
         c.set_model_version_tag(name, version, k, str(v))
     c.set_model_version_tag(name, version, "run_id", run_id)
+    describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+def describe(name: str, version: str, uri: str | None = None) -> None:
+    """(Re)write the version's model card (``ropim.tracking.cards``) as its MLflow description, from its tags (the
+    config's scalars, scores); called when it is registered and when a score is added."""
+    c = client(uri)
+    mv = c.get_model_version(name, version)
+    tags = mv.tags or {}
+    lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else []}
+    c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
 
 
 def register_encoder(

@@ -20,7 +20,7 @@ from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_top1
 from ropim.eval.linear import linear_probe
 from ropim.eval.metrics import per_class_accuracy
-from ropim.tracking import store
+from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
 from ropim.viz.confusion import confusion_png
 
@@ -112,6 +112,7 @@ def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:
     c = store.client(tracking)
     for k, v in tags.items():
         c.set_model_version_tag(ref.name, ref.version, k, f"{v:.2f}")
+    registry.describe(ref.name, ref.version, tracking)
 
 
 def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:

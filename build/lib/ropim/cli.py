@@ -1,0 +1,315 @@
+"""The ``ropim`` command: one jsonargparse parser over the typed configs, a subcommand per job.
+
+Every job subcommand takes ``--config FILE`` and ``--preset NAME`` (a YAML shipped in ``ropim/presets/<command>/``,
+an ordinary config file), then dotted overrides such as ``--model.rho 0.25``, applied in order (later wins).
+Parsing imports only the config modules; torch, Ray and MLflow are imported when a command runs, so ``--help``
+and bad input answer at once. Other packages add subcommands through the ``ropim.commands`` entry point group
+(``ropim sweep`` comes from ``tune``): an object with ``help``, ``parser()``, ``run(namespace)`` and ``presets()``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+
+from ropim.errors import ConfigError
+
+PRESETS = Path(__file__).with_name("presets")
+ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
+
+
+def shipped_presets(folder: Path) -> dict[str, Path]:
+    """The YAML presets in ``folder``: {name: path}."""
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def preset_action(folders: dict[str, Path]) -> type[ActionConfigFile]:
+    """A config-file action whose option strings in ``folders`` take a preset NAME from that folder; the others
+    (``--config``) take a file path. Either is applied where it stands among the flags."""
+
+    class ConfigOrPreset(ActionConfigFile):
+        def __call__(self, parser, cfg, values, option_string=None):
+            folder = folders.get(option_string or "")
+            if folder is not None:
+                found = shipped_presets(folder)
+                if values not in found:
+                    known = ", ".join(found) or "none"
+                    raise ConfigError(f"unknown {option_string} {values!r}; shipped presets: {known}")
+                values = str(found[values])
+            super().__call__(parser, cfg, values, option_string)
+
+    return ConfigOrPreset
+
+
+def job_parser(config_cls: type, command: str, description: str) -> ArgumentParser:
+    """A subcommand's parser: ``--config FILE`` / ``--preset NAME``, then every field of ``config_cls``."""
+    parser = ArgumentParser(description=description)
+    parser.add_argument("--config", "--preset", action=preset_action({"--preset": PRESETS / command}),
+                        help="a YAML config file, or (--preset) a shipped preset name (`ropim presets`); repeatable, "
+                             "applied where it stands")
+    parser.add_class_arguments(config_cls, nested_key=None, as_group=False)
+    return parser
+
+
+def source_parser(description: str) -> ArgumentParser:
+    """SRC plus the DataConfig fields that say how to read it."""
+    from ropim.data.config import DataConfig
+
+    parser = ArgumentParser(description=description)
+    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
+    defaults = DataConfig()
+    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet"],
+                        default=defaults.format, help="source format (default: detect)")
+    parser.add_argument("--on-bad-image", "--on_bad_image", type=Literal["skip", "fail"],
+                        default=defaults.on_bad_image, help="undecodable images: skip (count, log) or fail")
+    parser.add_argument("--val-fraction", "--val_fraction", type=float, default=defaults.val_fraction,
+                        help="val share where the source has no split of its own")
+    parser.add_argument("--split-seed", "--split_seed", type=int, default=defaults.split_seed)
+    return parser
+
+
+def add_data_command(sub) -> None:
+    """``ropim data convert SRC DST`` and ``ropim data inspect PATH`` (a parent level is added before its children)."""
+    data = ArgumentParser(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
+    sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
+    actions = data.add_subcommands(dest="action")
+    convert = source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
+    convert.add_argument("dst", type=str, help="output folder or URI (s3://…)")
+    convert.add_argument("--shard-size", "--shard_size", type=int, default=1000, help="images per shard")
+    convert.add_argument("--shuffle", type=bool, default=True, help="write items in a seeded random order")
+    convert.add_argument("--seed", type=int, default=0, help="seed of that order")
+    actions.add_subcommand("convert", convert, help="SRC DST: write Parquet shards, resumable")
+    inspect = source_parser("Print a source's format, images per split, classes and image sizes.")
+    inspect.add_argument("--sample", type=int, default=200, help="images whose sizes are read")
+    actions.add_subcommand("inspect", inspect, help="PATH: format, split sizes, classes, image sizes")
+
+
+def add_models_command(sub) -> None:
+    """``ropim models list [--name N]`` and ``ropim models show URI``."""
+    from ropim.tracking.names import DEFAULT_ENCODER_NAME
+
+    models = ArgumentParser(description="The model registry from the terminal.")
+    sub.add_subcommand("models", models, help="list registered encoders, or show one's card")
+    actions = models.add_subcommands(dest="action")
+    listing = ArgumentParser(description="Registered versions: config, scores, aliases.")
+    listing.add_argument("--name", type=str, default=DEFAULT_ENCODER_NAME, help="registered model name")
+    actions.add_subcommand("list", listing, help="a table of registered versions")
+    show = ArgumentParser(description="A version's card: config, scores, lineage, how to load it.")
+    show.add_argument("uri", type=str, help="models:/name/version or models:/name@alias")
+    actions.add_subcommand("show", show, help="URI: one version's card")
+
+
+def plugins() -> dict[str, object]:
+    """Subcommands other installed packages provide (entry point group ``ropim.commands``)."""
+    return {ep.name: ep.load() for ep in entry_points(group="ropim.commands")}
+
+
+def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
+    """The ``ropim`` parser with its subcommands, and the plugin commands it holds."""
+    from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
+    from ropim.train.config import FinetuneConfig, PretrainConfig
+    from ropim.viz.config import VizConfig
+
+    parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
+    sub = parser.add_subcommands(dest="command")
+    pretrain = job_parser(PretrainConfig, "pretrain", "Pretrain a ViT with ROPIM on Ray Train; register it.")
+    pretrain.add_argument("--resume", type=str | None, default=None,
+                          help="continue the named run with its stored config (num_workers, use_gpu, "
+                               "stop_after_epochs, max_failures may change)")
+    sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
+    sub.add_subcommand("finetune", job_parser(FinetuneConfig, "finetune", "Fine-tune a classifier from an encoder "
+                                              "(models:/name/version, models:/name@alias, runs:/…, or a local "
+                                              "folder) on Ray Train (num_workers=0: in this process); register it "
+                                              "as ropim-classifier."),
+                       help="fine-tune from an encoder URI and report top-1 / top-5")
+    sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
+                       help="linear probe + kNN top-1 / top-5 of a frozen encoder")
+    sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "
+                                              "encoder of --encoders A,B on every source of --data D1,D2."),
+                       help="encoders x data sets table (CSV / Markdown / JSON)")
+    demo = job_parser(DemoConfig, "demo", "Pretrain -> register -> fine-tune vs random init (default preset: "
+                                          "digits_demo).")
+    demo.default_config_files = [str(PRESETS / "demo" / "digits_demo.yaml")]
+    sub.add_subcommand("demo", demo, help="the main job end to end (default: the digits_demo preset)")
+    sub.add_subcommand("viz", job_parser(VizConfig, "viz", "Reconstruction grid (paper Figs. 3/6/7) from a "
+                                         "checkpoint or a registered encoder, and the token-error histograms of "
+                                         "Fig. 5, as PNGs."),
+                       help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
+    sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
+    add_data_command(sub)
+    add_models_command(sub)
+    found = plugins()
+    for name, command in found.items():
+        sub.add_subcommand(name, command.parser(), help=command.help)
+    return parser, found
+
+
+def config(ns: Namespace, cls: type):
+    """Build ``cls`` from a subcommand namespace (the config-file and extra flags dropped)."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in ns.items() if k in names})
+
+
+def run_presets(plugin_commands: dict[str, object]) -> None:
+    """``ropim presets``: every shipped preset with the first line of its file."""
+    listed = {f"{folder.name}/{name}": path for folder in sorted(PRESETS.iterdir()) if folder.is_dir()
+              for name, path in shipped_presets(folder).items()}
+    for command_name, command in plugin_commands.items():
+        listed |= {f"{command_name}/{name}": path for name, path in command.presets().items()}
+    for name, path in listed.items():
+        print(f"{name:<28} {path.read_text().splitlines()[0].lstrip('# ')}")
+
+
+def run_data(ns: Namespace) -> None:
+    """``ropim data convert|inspect``."""
+    from ropim.data.config import DataConfig
+
+    if ns.action is None:
+        raise ConfigError("ropim data: choose convert or inspect (see `ropim data --help`)")
+    args = ns[ns.action]
+    cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
+                     split_seed=args.split_seed, on_bad_image=args.on_bad_image)
+    if ns.action == "convert":
+        from ropim.data.convert import convert
+
+        rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+        images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
+        print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
+              f"bad images skipped {rep.bad_images}")
+    else:
+        from ropim.data.inspect import format_summary, inspect_source
+
+        print(format_summary(inspect_source(cfg, args.sample)))
+
+
+def preflight(cfg, encoders: list[str] = ()):
+    """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
+    imported; return ``cfg``."""
+    from ropim.tracking.uri import check_tracking, tracking_uri
+
+    cfg.validate()
+    check_tracking(tracking_uri())
+    if encoders:
+        from ropim.tracking.registry import check_model_uri
+
+        for uri in encoders:
+            check_model_uri(uri)
+    return cfg
+
+
+def run_models(ns: Namespace) -> None:
+    """``ropim models list|show``."""
+    from ropim.tracking.uri import check_tracking, tracking_uri
+
+    if ns.action is None:
+        raise ConfigError("ropim models: choose list or show (see `ropim models --help`)")
+    check_tracking(tracking_uri())
+    from ropim.tracking import catalog
+
+    args = ns[ns.action]
+    print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))
+
+
+def run_pretrain(ns: Namespace) -> None:
+    from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+
+    cfg = config(ns, PretrainConfig)
+    if ns.resume:
+        from ropim.train.pretrain import resume_config
+
+        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
+    preflight(cfg)
+    from ropim.train.pretrain import pretrain
+
+    result = pretrain(cfg)
+    print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
+
+
+def run_finetune(ns: Namespace) -> None:
+    from ropim.train.config import FinetuneConfig
+
+    cfg = config(ns, FinetuneConfig)
+    preflight(cfg, [cfg.encoder])
+    from ropim.train.finetune import finetune
+
+    metrics = finetune(cfg)
+    if "top1" in metrics:
+        print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
+              f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
+
+
+def run_probe(ns: Namespace) -> None:
+    from ropim.flows.config import ProbeConfig
+
+    cfg = config(ns, ProbeConfig)
+    preflight(cfg, [cfg.encoder])
+    from ropim.flows.probe import probe
+
+    r = probe(cfg)
+    print(f"linear top-1 {r['linear']['top1']:.2f}% top-5 {r['linear']['top5']:.2f}%  "
+          f"kNN top-1 {r['knn']['top1']:.2f}% top-5 {r['knn']['top5']:.2f}%  (MLflow run {r['run_id']})")
+
+
+def run_transfer(ns: Namespace) -> None:
+    from ropim.flows.config import TransferConfig
+
+    cfg = config(ns, TransferConfig)
+    preflight(cfg, cfg.encoder_list)
+    from ropim.flows.transfer import transfer
+
+    transfer(cfg)
+
+
+def run_demo(ns: Namespace) -> None:
+    from ropim.flows.config import DemoConfig
+
+    cfg = preflight(config(ns, DemoConfig))
+    from ropim.flows.demo import run_demo as demo
+
+    demo(cfg)
+
+
+def run_viz(ns: Namespace) -> None:
+    from ropim.viz.config import VizConfig
+
+    cfg = config(ns, VizConfig).validate()
+    from ropim.viz.command import describe
+    from ropim.viz.command import run_viz as viz
+
+    print(describe(viz(cfg)))
+
+
+RUNNERS: dict[str, Callable[[Namespace], None]] = {
+    "pretrain": run_pretrain, "finetune": run_finetune, "probe": run_probe, "transfer": run_transfer,
+    "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "ropim")
+    try:
+        parser, plugin_commands = build_parser()
+        args = parser.parse_args(argv)
+        if args.command in ("data", "models") and args[args.command].action:
+            command = f"{args.command} {args[args.command].action}"
+        if args.command == "presets":
+            run_presets(plugin_commands)
+            return
+        ns = args[args.command] if args.command in ("data", "models") else parser.instantiate(args)[args.command]
+        run = plugin_commands[args.command].run if args.command in plugin_commands else RUNNERS[args.command]
+        run(ns)
+    except ERRORS as err:
+        raise SystemExit(f"ropim {command}: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

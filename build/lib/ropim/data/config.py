@@ -1,0 +1,44 @@
+"""Where images come from (``DataConfig``): a built-in set, a folder, Parquet shards or a URI. Imports nothing
+heavy, so that the command line parses and validates fast; the source on disk is checked by ``validate``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ropim.errors import ConfigError
+
+FORMATS = ("digits", "parquet", "cifar", "imagefolder")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where images come from, how they are split, and what to do with undecodable ones."""
+
+    source: str = "digits"  # "digits", or a folder / file / glob / URI (ImageFolder, CIFAR, Parquet)
+    format: Literal["auto", "digits", "imagefolder", "cifar", "parquet"] = "auto"
+    val_fraction: float = 0.2  # used where the source has no split of its own
+    split_seed: int = 0
+    on_bad_image: Literal["skip", "fail"] = "skip"
+
+    def validate(self) -> DataConfig:
+        """Raise ConfigError naming the bad field or path and its fix (checks the source on disk, cheaply)."""
+        if self.format not in ("auto", *FORMATS):
+            raise ConfigError(f"data format={self.format!r}: unknown; choose auto or one of {', '.join(FORMATS)}")
+        if self.on_bad_image not in ("skip", "fail"):
+            raise ConfigError(f"data on_bad_image={self.on_bad_image!r}: choose skip or fail")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
+        if not self.source:
+            raise ConfigError("data source is empty; give 'digits' or a path to the images")
+        from ropim.data.layout import check_source  # pyarrow: only when a config is checked
+
+        check_source(self.source, self.format)
+        return self
+
+    def resolved(self) -> DataConfig:
+        """The same config with a local relative path made absolute (for Ray workers in another cwd)."""
+        if self.source == "digits" or "://" in self.source:
+            return self
+        return replace(self, source=os.path.abspath(os.path.expanduser(self.source)))

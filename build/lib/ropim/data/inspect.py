@@ -1,0 +1,77 @@
+"""``ropim data inspect PATH``: format, images per split, classes, image size statistics of a source."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from ropim.data.config import DataConfig
+from ropim.data.lists import ParquetList
+from ropim.data.sources import open_source, split_list
+
+
+def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
+    """(width, height, mode) from the header only; None when unreadable."""
+    if isinstance(data, np.ndarray):
+        return data.shape[1], data.shape[0], "RGB"
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.width, img.height, img.mode
+    except Exception:  # noqa: BLE001 — an unreadable header is just left out of the statistics
+        return None
+
+
+def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
+    """A summary of the source: format, split rule, images per split, classes, sizes of ``sample`` images.
+
+    Sizes come from image headers (no decoding) of up to ``sample`` images spread over both splits
+    (over the first two shards of each split for Parquet, so a remote data set is not read whole).
+    """
+    cfg.validate()
+    src = open_source(cfg)
+    splits = {s: split_list(src, cfg, s, cache_files=1) for s in ("train", "val")}
+    total = sum(len(v) for v in splits.values())
+    sizes = []
+    for images in splits.values():
+        span = int(images.offsets[min(2, len(images.files))]) if isinstance(images, ParquetList) else len(images)
+        k = min(span, max(1, round(sample * len(images) / total)))
+        for i in np.unique(np.linspace(0, span - 1, k).astype(int)):
+            try:
+                s = _size(images.load(int(i)))
+            except OSError:
+                s = None
+            if s:
+                sizes.append(s)
+    w = np.array([s[0] for s in sizes]) if sizes else np.zeros(0)
+    h = np.array([s[1] for s in sizes]) if sizes else np.zeros(0)
+    modes = sorted({s[2] for s in sizes})
+
+    def stats(a):
+        return {"min": int(a.min()), "mean": float(a.mean()), "max": int(a.max())} if len(a) else {}
+
+    rule = "own" if src.own_split else f"seeded fraction {cfg.val_fraction} (seed {cfg.split_seed})"
+    return {
+        "format": src.format, "location": src.location, "split": rule,
+        "images": {s: len(v) for s, v in splits.items()},
+        "num_classes": len(src.classes), "classes": list(src.classes),
+        "image_size": {"sampled": len(sizes), "width": stats(w), "height": stats(h), "modes": modes},
+    }
+
+
+def format_summary(info: dict, n_names: int = 8) -> str:
+    """The human-readable lines ``ropim data inspect`` prints."""
+    names = ", ".join(info["classes"][:n_names]) + (", …" if info["num_classes"] > n_names else "")
+    size = info["image_size"]
+    lines = [
+        f"format      {info['format']}  ({info['location']})",
+        "images      " + "  ".join(f"{s} {n:,}" for s, n in info["images"].items())
+        + f"  (split: {info['split']})",
+        f"classes     {info['num_classes']}: {names}",
+    ]
+    if size["sampled"]:
+        w, h = size["width"], size["height"]
+        lines.append(f"image size  {size['sampled']} sampled: width {w['min']}–{w['max']} (mean {w['mean']:.1f}), "
+                     f"height {h['min']}–{h['max']} (mean {h['mean']:.1f}); modes {', '.join(size['modes'])}")
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""Pooled features of a frozen encoder over a dataset. Pure torch."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+@torch.no_grad()
+def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int = 256,
+                     device: torch.device | str | None = None,
+                     num_workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pooled features (N, D) and labels (N,) of ``dataset`` under ``encoder`` in eval mode (returned on CPU);
+    images go to ``device`` (default: where the encoder's weights are). The encoder's train/eval mode is restored."""
+    device = device or next(encoder.parameters()).device
+    was_training = encoder.training
+    encoder.eval()
+    feats, labels = [], []
+    try:
+        for x, y in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
+            f = encoder.forward_head(encoder.forward_features(x.to(device)), pre_logits=True)
+            feats.append(f.float().cpu())
+            labels.append(torch.as_tensor(y))
+    finally:
+        encoder.train(was_training)
+    return torch.cat(feats), torch.cat(labels)

@@ -1,0 +1,98 @@
+"""What the composed commands are: ``ProbeConfig`` (``ropim probe``), ``TransferConfig`` (``ropim transfer``) and
+``DemoConfig`` (``ropim demo``). Imports nothing heavy, so that the command line parses and validates fast."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field
+
+from ropim.data.config import DataConfig
+from ropim.errors import ConfigError
+from ropim.tracking.names import DEFAULT_ENCODER_NAME
+from ropim.train.config import FinetuneConfig, PretrainConfig, check_at_least
+
+MODES = ("finetune", "probe")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Linear probe and kNN of a frozen encoder on one data set."""
+
+    encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
+    data: DataConfig = field(default_factory=DataConfig)
+    img_size: int | None = None  # None: the encoder's; another size resamples the position embedding
+    batch_size: int = 256  # feature extraction
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    linear_c: float = 1.0  # inverse L2 strength of the logistic regression (scikit-learn's C)
+    linear_max_iter: int = 1000  # L-BFGS iterations
+    use_gpu: bool = False
+    dataloader_workers: int = 0
+    cache_dir: str | None = None  # keep extracted features here (safetensors), keyed by weights, data and size
+    seed: int = 0
+    experiment: str = "ropim-probe"
+    run_name: str | None = None
+
+    def validate(self) -> ProbeConfig:
+        """Raise ConfigError naming the bad field and its fix."""
+        self.data.validate()
+        check_at_least(self, ("batch_size", "knn_k", "linear_max_iter"))
+        if self.linear_c <= 0 or self.knn_temperature <= 0:
+            raise ConfigError("linear_c and knn_temperature must be > 0")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Encoders × data sets; ``finetune`` / ``probe`` hold the settings every cell shares."""
+
+    encoders: str = ""  # comma-separated encoder URIs
+    data: str = ""  # comma-separated data sources ('digits', folders, URIs); other data fields from the templates
+    mode: str = "finetune"  # finetune | probe
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    out: str = "transfer_results"
+
+    @property
+    def encoder_list(self) -> list[str]:
+        return [e.strip() for e in self.encoders.split(",") if e.strip()]
+
+    @property
+    def data_list(self) -> list[str]:
+        return [d.strip() for d in self.data.split(",") if d.strip()]
+
+    def cells(self) -> list[tuple[str, str, FinetuneConfig | ProbeConfig]]:
+        """(encoder, data source, config) of every cell, encoders outer."""
+        template = self.finetune if self.mode == "finetune" else self.probe
+        return [(e, d, dataclasses.replace(template, encoder=e, data=dataclasses.replace(template.data, source=d),
+                                           run_name=None))
+                for e in self.encoder_list for d in self.data_list]
+
+    def validate(self) -> TransferConfig:
+        """Raise ConfigError naming the bad field; every cell's config is checked before any run starts."""
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        if not self.encoder_list:
+            raise ConfigError("encoders is empty: give --encoders URI1,URI2,…")
+        if not self.data_list:
+            raise ConfigError("data is empty: give --data SOURCE1,SOURCE2,… (e.g. digits or folders)")
+        for _, _, cfg in self.cells():
+            cfg.validate()
+        return self
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """A pretraining run and the fine-tune that scores it."""
+
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    def validate(self) -> DemoConfig:
+        """Raise ConfigError naming the bad field of either part."""
+        self.pretrain.validate()
+        self.finetune.validate()
+        return self

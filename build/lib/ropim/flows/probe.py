@@ -1,0 +1,115 @@
+"""``ropim probe``: a linear probe and a cosine kNN of a frozen encoder on one data set.
+
+Pooled features are extracted once (optionally cached on disk, keyed by the weights, the data and the size), then
+scored by ``ropim.eval``; top-1 / top-5, per-class accuracy and confusion matrices go to MLflow (experiment
+``ropim-probe``), and the encoder version is tagged ``downstream.<dataset>.linear_top1`` / ``.knn_top1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ropim.console import ensure_logging
+from ropim.data.config import DataConfig
+from ropim.data.datasets import build_dataset, eval_transform
+from ropim.eval.features import extract_features
+from ropim.eval.knn import knn_probe
+from ropim.eval.linear import linear_probe
+from ropim.eval.metrics import confusion_matrix
+from ropim.flows.config import ProbeConfig
+from ropim.tracking import store
+from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.runs import default_run_name, open_run
+from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.downstream import classifier_from, dataset_name, eval_split, log_results, run_tags, tag_version
+from ropim.train.runtime import gpu_or_cpu
+
+log = logging.getLogger("ropim.probe")
+
+
+def _cache_key(state: dict[str, torch.Tensor], data: DataConfig, img_size: int) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(json.dumps({"data": asdict(data), "img_size": img_size}, sort_keys=True).encode())
+    return h.hexdigest()[:20]
+
+
+def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
+                    val_set, cfg: ProbeConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """{'train_x', 'train_y', 'val_x', 'val_y'}: extracted once, read back from ``cfg.cache_dir`` when there."""
+    path = Path(cfg.cache_dir, f"features-{_cache_key(state, data, img_size)}.safetensors") if cfg.cache_dir else None
+    if path is not None and path.exists():
+        log.info(f"[probe] features from cache {path}")
+        return load_file(str(path))
+    encoder = encoder.to(device)
+    t0 = time.perf_counter()
+    train_set = build_dataset(data, "train", eval_transform(img_size), img_size)
+    feats = {}
+    for split, ds in (("train", train_set), ("val", val_set)):
+        feats[f"{split}_x"], feats[f"{split}_y"] = extract_features(encoder, ds, cfg.batch_size, device,
+                                                                    cfg.dataloader_workers)
+    n = len(feats["train_x"]) + len(feats["val_x"])
+    log.info(f"[probe] features of {n} images in {time.perf_counter() - t0:.1f} s "
+             f"({n / (time.perf_counter() - t0):.0f} img/s)")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({k: v.contiguous() for k, v in feats.items()}, str(tmp))
+        tmp.rename(path)
+    return feats
+
+
+def probe(cfg: ProbeConfig) -> dict[str, object]:
+    """Linear probe and kNN of ``cfg.encoder`` on ``cfg.data``; log to MLflow, tag the encoder version.
+
+    Returns {'linear': {'top1', 'top5'}, 'knn': {'top1', 'top5'}, 'top1', 'top5' (the linear probe's), 'run_id'}.
+    """
+    ensure_logging()
+    cfg.validate()
+    tracking = tracking_uri()
+    check_tracking(tracking)
+    ref, state = resolve_encoder(cfg.encoder, tracking)
+    data = cfg.data.resolved()
+    img_size = cfg.img_size or ref.config["img_size"]
+    val_set = eval_split(ref, data, img_size)
+    classes = list(val_set.classes)
+    device = gpu_or_cpu(cfg.use_gpu)
+    torch.manual_seed(cfg.seed)
+    encoder = classifier_from(ref.config, state, 0, img_size, uri=ref.uri)
+
+    name = dataset_name(data)
+    run_name = cfg.run_name or default_run_name(f"probe-{name}")
+    params = {**cfg.to_dict(), "encoder": ref.pinned}
+    with open_run(experiment=cfg.experiment, name=run_name, config=params, tags=run_tags(ref, "probe", data),
+                  uri=tracking) as run:
+        run_id = run.run_id
+        f = cached_features(encoder, state, data, img_size, val_set, cfg, device)
+        n_classes = len(classes)
+        lin = linear_probe(f["train_x"], f["train_y"], f["val_x"], f["val_y"], c=cfg.linear_c,
+                           max_iter=cfg.linear_max_iter, n_classes=n_classes)
+        knn = knn_probe(f["train_x"].to(device), f["train_y"], f["val_x"].to(device), f["val_y"], cfg.knn_k,
+                        cfg.knn_temperature, n_classes)
+        results = {}
+        for method, res in (("linear", lin), ("knn", knn)):
+            scores = res.pop("scores")
+            store.log_metrics(run_id, {f"{method}_top1": res["top1"], f"{method}_top5": res["top5"]}, 0, tracking)
+            conf = confusion_matrix(scores.argmax(1), f["val_y"], n_classes)
+            log_results(run_id, conf, classes, tracking, prefix=f"{method}_",
+                        title=f"{method} probe of {ref.label} on {name}: top-1 {res['top1']:.2f}%")
+            results[method] = res
+        tag_version(ref, {f"downstream.{name}.linear_top1": lin["top1"],
+                          f"downstream.{name}.knn_top1": knn["top1"]}, tracking)
+    print(f"[probe] {ref.label} on {name}: linear top-1 {lin['top1']:.2f}% top-5 {lin['top5']:.2f}%  |  "
+          f"kNN (k={cfg.knn_k}) top-1 {knn['top1']:.2f}% top-5 {knn['top5']:.2f}%", flush=True)
+    return {**results, "top1": lin["top1"], "top5": lin["top5"], "run_id": run_id}

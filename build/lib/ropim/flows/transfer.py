@@ -1,0 +1,95 @@
+"""Transfer tables: the same fine-tune (or probe) of every encoder on every data set, side by side, like the
+paper's transfer tables (Flowers102 / CUB-200 / CIFAR-10 / CIFAR-100). Each cell is its own MLflow run (tagged
+with the encoder version, which also gets its ``downstream.<dataset>.…`` tag); the table is printed and saved
+as ``transfer.csv``, ``transfer.md`` and ``transfer.json`` in ``out``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ropim.flows.config import TransferConfig
+from ropim.flows.probe import probe
+from ropim.tracking import store
+from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.downstream import dataset_name, eval_split
+from ropim.train.finetune import finetune
+from ropim.train.runtime import ray_session
+
+
+def preflight(cfg: TransferConfig) -> None:
+    """Resolve every encoder and check it against every data set (image size, channels) before any run."""
+    tracking = tracking_uri()
+    check_tracking(tracking)
+    template = cfg.finetune if cfg.mode == "finetune" else cfg.probe
+    for encoder in cfg.encoder_list:
+        ref, _ = resolve_encoder(encoder, tracking)
+        for source in cfg.data_list:
+            data = dataclasses.replace(template.data, source=source).resolved()
+            eval_split(ref, data, template.img_size or ref.config["img_size"])
+
+
+def _table(rows: list[dict], encoders: list[str], datasets: list[str], metric: str) -> list[list[str]]:
+    """Rows of the wide table: encoder, one column per data set, the mean."""
+    by = {(r["encoder"], r["dataset"]): r for r in rows}
+    out = []
+    for e in encoders:
+        cells = [by.get((e, d), {}).get(metric) for d in datasets]
+        done = [c for c in cells if c is not None]
+        out.append([by[(e, datasets[0])]["encoder_label"] if (e, datasets[0]) in by else e,
+                    *[f"{c:.2f}" if c is not None else "—" for c in cells],
+                    f"{sum(done) / len(done):.2f}" if len(done) == len(cells) else "—"])
+    return out
+
+
+def format_markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+
+
+def transfer(cfg: TransferConfig) -> dict[str, object]:
+    """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
+    cfg.validate()
+    preflight(cfg)
+    rows = []
+    with ray_session(needed=cfg.mode == "finetune" and cfg.finetune.num_workers > 0):  # one for every cell
+        for encoder, source, cell in cfg.cells():
+            t0 = time.perf_counter()
+            res = finetune(cell) if cfg.mode == "finetune" else probe(cell)
+            tags = store.client().get_run(res["run_id"]).data.tags
+            label = (f"{tags['ropim.encoder_name']} v{tags['ropim.encoder_version']}"
+                     if "ropim.encoder_version" in tags else encoder)
+            row = {"encoder": encoder, "encoder_label": label, "data": source, "dataset": dataset_name(cell.data),
+                   "top1": res["top1"], "top5": res["top5"], "run_id": res["run_id"],
+                   "seconds": round(time.perf_counter() - t0, 1)}
+            if cfg.mode == "probe":
+                row |= {"knn_top1": res["knn"]["top1"], "knn_top5": res["knn"]["top5"]}
+            rows.append(row)
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    metric = "fine-tune top-1 (%)" if cfg.mode == "finetune" else "linear-probe top-1 (%)"
+    header = ["encoder", *datasets, "mean"]
+    body = _table(rows, cfg.encoder_list, datasets, "top1")
+    md = f"{metric}, val split\n\n" + format_markdown(header, body)
+    if cfg.mode == "probe":
+        md += f"\nkNN (k={cfg.probe.knn_k}) top-1 (%)\n\n" + format_markdown(header, _table(rows, cfg.encoder_list,
+                                                                                         datasets, "knn_top1"))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"csv": out / "transfer.csv", "md": out / "transfer.md", "json": out / "transfer.json"}
+    with open(files["csv"], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(body)
+    files["md"].write_text(md)
+    files["json"].write_text(json.dumps({"mode": cfg.mode, "config": asdict(cfg), "rows": rows}, indent=2))
+    print()
+    print(md)
+    print("written: " + ", ".join(str(p) for p in files.values()), flush=True)
+    return {"rows": rows, "markdown": md, "files": {k: str(v) for k, v in files.items()}}

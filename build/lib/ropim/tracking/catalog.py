@@ -1,0 +1,80 @@
+"""The registry from the terminal: ``ropim models list`` (a table of registered versions) and ``ropim models show``
+(one version's card with its aliases and lineage)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from mlflow.entities.model_registry import ModelVersion
+
+from ropim.tracking.cards import card, scores
+from ropim.tracking.registry import local_copy, resolve_version
+from ropim.tracking.store import client
+
+COLUMNS = ("version", "created", "run", "dataset", "corruption", "rho", "backbone", "epochs", "scores", "aliases")
+
+
+def row(mv: ModelVersion, aliases: list[str]) -> dict[str, str]:
+    """One line of ``ropim models list``."""
+    t = mv.tags or {}
+    return {
+        "version": str(mv.version),
+        "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(mv.creation_timestamp / 1000)),
+        "run": (mv.run_id or "")[:8], "dataset": t.get("dataset", ""), "corruption": t.get("corruption", ""),
+        "rho": f"{float(t['rho']):.3g}" if t.get("rho") else "", "backbone": t.get("backbone", "vit" if t else ""),
+        "epochs": t.get("epochs", ""), "scores": "; ".join(f"{k} {v}" for k, v in scores(t).items()) or "—",
+        "aliases": ", ".join(aliases),
+    }
+
+
+def aliases_of(name: str, uri: str | None = None) -> dict[str, list[str]]:
+    """{version: [aliases]} of registered model ``name``."""
+    out: dict[str, list[str]] = {}
+    for alias, version in (client(uri).get_registered_model(name).aliases or {}).items():
+        out.setdefault(str(version), []).append(alias)
+    return out
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    """Rows as an aligned plain-text table."""
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS) for r in rows]
+    return "\n".join(lines)
+
+
+def list_versions(name: str, uri: str | None = None) -> str:
+    """``ropim models list``: every version of ``name``, newest first."""
+    versions = sorted(client(uri).search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version))
+    if not versions:
+        return f"no registered versions of {name!r}"
+    aliases = aliases_of(name, uri)
+    return table([row(v, aliases.get(str(v.version), [])) for v in versions])
+
+
+def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
+    """The pretraining run, the sweep and the fine-tune runs made from a registered encoder version."""
+    c, t = client(uri), mv.tags or {}
+    finetunes = []
+    exp = c.get_experiment_by_name("ropim-finetune")
+    if exp is not None:
+        found = c.search_runs([exp.experiment_id], filter_string=f"tags.`ropim.encoder_name` = '{mv.name}' and "
+                                                                 f"tags.`ropim.encoder_version` = '{mv.version}'")
+        finetunes = [f"{r.info.run_name} ({r.info.run_id[:8]}, top-1 {r.data.metrics.get('top1', float('nan')):.2f})"
+                     for r in found]
+    return {"pretraining run": [mv.run_id] if mv.run_id else [], "sweep": [t["sweep"]] if t.get("sweep") else [],
+            "fine-tunes": finetunes}
+
+
+def show(model_uri: str, uri: str | None = None) -> str:
+    """``ropim models show URI``: the card of a ``models:/name/version`` or ``models:/name@alias``."""
+    name, version = resolve_version(model_uri, uri) or (None, None)
+    if name is None:
+        raise LookupError(f"{model_uri}: give models:/name/version or models:/name@alias")
+    mv = client(uri).get_model_version(name, version)
+    folder = local_copy(f"models:/{name}/{version}", "encoder", uri)
+    config = json.loads(next(folder.rglob("config.json")).read_text())
+    aliases = aliases_of(name, uri).get(str(version), [])
+    head = f"aliases: {', '.join(aliases) or '—'}\n\n"
+    return head + card(name, version, config, mv.tags or {}, lineage(mv, uri))

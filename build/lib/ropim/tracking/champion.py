@@ -1,0 +1,67 @@
+"""The champion rule: which registered encoder version holds ``champion`` and ``champion-<dataset>``."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from ropim.tracking.names import CHAMPION
+from ropim.tracking.store import client
+
+
+def dataset_alias(dataset: str, alias: str = CHAMPION) -> str:
+    """The per-dataset alias, e.g. ``champion-digits``; paths use their last part plus a short hash."""
+    if re.fullmatch(r"[A-Za-z0-9_]+", dataset):
+        return f"{alias}-{dataset}"
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", dataset.rstrip("/").split("?")[0].rsplit("/", 1)[-1]).strip("_")
+    return f"{alias}-{stem or 'data'}-{hashlib.sha1(dataset.encode()).hexdigest()[:6]}"
+
+
+def _challenge(c: MlflowClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
+               higher_is_better: bool) -> tuple[bool, str]:
+    """Whether ``version`` (``metric`` = ``value`` on ``dataset``) takes ``alias``, and why (one line)."""
+    try:
+        holder = c.get_model_version_by_alias(name, alias)
+    except mlflow.exceptions.MlflowException:
+        return True, f"no version held {alias!r}"
+    if str(holder.version) == str(version):
+        return False, f"v{version} already holds {alias!r}"
+    tags = holder.tags or {}
+    if tags.get("metric") is None or tags.get("metric_dataset") is None or tags.get("metric_value") is None:
+        return False, f"{alias!r} is v{holder.version}, which has no metric/dataset tags to compare against"
+    if tags["metric_dataset"] != dataset:
+        return False, f"{alias!r} is v{holder.version} on another dataset ({tags['metric_dataset']})"
+    if tags["metric"] != metric:
+        return False, f"{alias!r} is v{holder.version} scored by another metric ({tags['metric']})"
+    current = float(tags["metric_value"])
+    better = value > current if higher_is_better else value < current
+    verdict = "beats" if better else "does not beat"
+    return better, f"{metric} {value:.4g} {verdict} v{holder.version}'s {current:.4g} on {dataset}"
+
+
+def promote_champion(name: str, version: str, metric: str, dataset: str, value: float,
+                     higher_is_better: bool = True, uri: str | None = None,
+                     alias: str = CHAMPION) -> dict[str, tuple[bool, str]]:
+    """Tag version ``version`` with its score and move the aliases it wins; return {alias: (moved, reason)}.
+
+    The version gets tags ``metric``, ``metric_dataset``, ``metric_value``. Two aliases are challenged:
+    ``alias`` (``champion``, what fine-tuning loads by default) and the per-dataset ``dataset_alias(dataset)``.
+    Each moves only when nobody holds it or the holder was scored on the same metric and dataset and the new
+    value is strictly better; a holder from another dataset or metric (or without score tags) keeps it.
+    Each decision is stored as a version tag ``alias.<alias>``.
+    """
+    c = client(uri)
+    version = str(version)
+    for k, v in {"metric": metric, "metric_dataset": dataset, "metric_value": repr(float(value))}.items():
+        c.set_model_version_tag(name, version, k, v)
+    decisions = {}
+    for a in (alias, dataset_alias(dataset, alias)):
+        moved, reason = _challenge(c, name, version, a, metric, dataset, float(value), higher_is_better)
+        if moved:
+            c.set_registered_model_alias(name, a, version)
+        decisions[a] = (moved, reason)
+        c.set_model_version_tag(name, version, f"alias.{a}", ("moved here: " if moved else "not moved: ") + reason)
+    return decisions

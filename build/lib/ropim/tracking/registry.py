@@ -1,0 +1,211 @@
+"""The MLflow model registry: encoders and classifiers as pickle-free models, their versions, loading them back.
+
+Models are stored as ``<kind>.safetensors`` + ``config.json`` inside a models-from-code pyfunc model
+(``mlflow_encoder.py`` / ``mlflow_classifier.py``), so nothing is unpickled on load and a registered model
+loads as a plain timm model without ropim installed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlflow
+
+from ropim.errors import ConfigError
+from ropim.tracking.cards import card
+from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
+from ropim.tracking.store import client, flatten, tracking_uri
+
+if TYPE_CHECKING:
+    import torch
+
+ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
+CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
+ENCODER_REQUIREMENTS = ["torch", "timm", "safetensors", "numpy"]
+
+
+def register_model(
+    run_id: str,
+    state: dict[str, torch.Tensor],
+    config: dict,
+    name: str,
+    uri: str | None = None,
+    *,
+    kind: str = "encoder",
+    code: Path = ENCODER_CODE,
+) -> str:
+    """Log a timm model (``<kind>.safetensors`` + ``config.json``) as a models-from-code pyfunc on ``run_id``,
+    register a new version of ``name``; return its ``models:/name/version`` URI.
+
+    ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
+    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only).
+    """
+    c = client(uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        from safetensors.torch import save_file  # torch only when a model is written
+
+        weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
+        cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+            info = mlflow.pyfunc.log_model(
+                name=kind,
+                python_model=str(code),
+                artifacts={"weights": str(weights), "config": str(cfg_file)},
+                pip_requirements=ENCODER_REQUIREMENTS,
+                registered_model_name=name,
+            )
+    version = str(info.registered_model_version)
+    for k, v in flatten(config).items():
+        if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
+            continue
+        c.set_model_version_tag(name, version, k, str(v))
+    c.set_model_version_tag(name, version, "run_id", run_id)
+    describe(name, version, uri)
+    return f"models:/{name}/{version}"
+
+
+def describe(name: str, version: str, uri: str | None = None) -> None:
+    """(Re)write the version's model card (``ropim.tracking.cards``) as its MLflow description, from its tags (the
+    config's scalars, scores); called when it is registered and when a score is added."""
+    c = client(uri)
+    mv = c.get_model_version(name, version)
+    tags = mv.tags or {}
+    lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else []}
+    c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
+
+
+def register_encoder(
+    run_id: str,
+    encoder_state: dict[str, torch.Tensor],
+    config: dict,
+    name: str = DEFAULT_ENCODER_NAME,
+    uri: str | None = None,
+) -> str:
+    """Log the encoder (safetensors + JSON config) on ``run_id``, register a new version; return its URI.
+
+    ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
+    entries become version tags.
+    """
+    return register_model(run_id, encoder_state, config, name, uri)
+
+
+def register_classifier(
+    run_id: str,
+    state: dict[str, torch.Tensor],
+    config: dict,
+    name: str = DEFAULT_CLASSIFIER_NAME,
+    uri: str | None = None,
+) -> str:
+    """Register a fine-tuned timm classifier (``ropim/mlflow_classifier.py``: pyfunc predict gives logits)."""
+    return register_model(run_id, state, config, name, uri, kind="classifier", code=CLASSIFIER_CODE)
+
+
+def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] | None:
+    """(name, version) of a ``models:/name/version`` or ``models:/name@alias`` URI, else None."""
+    if not model_uri.startswith("models:/"):
+        return None
+    ref = model_uri.removeprefix("models:/").rstrip("/")
+    c = client(uri)
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        try:
+            return name, str(c.get_model_version_by_alias(name, alias).version)
+        except mlflow.exceptions.MlflowException as err:
+            raise LookupError(f"encoder {model_uri}: no alias {alias!r} on model {name!r} ({err.message})") from None
+    name, _, version = ref.partition("/")
+    try:
+        c.get_model_version(name, version)
+    except mlflow.exceptions.MlflowException as err:
+        raise LookupError(f"encoder {model_uri}: no such registered version ({err.message})") from None
+    return name, version
+
+
+def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
+    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder);
+    the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
+    local = Path(model_uri).expanduser()
+    if local.exists():
+        return local
+    if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
+        raise FileNotFoundError(
+            f"{kind} {model_uri}: no such local folder; give a folder holding {kind}.safetensors + config.json, "
+            "models:/name/version, models:/name@alias or runs:/<run_id>/<artifact path>"
+        )
+    c = client(uri)
+    resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
+    if model_uri.startswith("runs:/"):
+        run_id = model_uri.removeprefix("runs:/").split("/", 1)[0]
+        try:
+            c.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            raise LookupError(f"{kind} {model_uri}: no MLflow run {run_id!r} at {uri or tracking_uri()}") from None
+    return None
+
+
+def local_copy(model_uri: str, kind: str, uri: str | None) -> Path:
+    """A local folder holding the model at ``model_uri``; one clear error naming the URI when there is none."""
+    local = check_model_uri(model_uri, kind, uri)
+    if local is not None:
+        return local
+    try:
+        return Path(mlflow.artifacts.download_artifacts(model_uri))
+    except (mlflow.exceptions.MlflowException, OSError) as err:
+        msg = getattr(err, "message", str(err)).splitlines()[0]
+        raise FileNotFoundError(f"{kind} {model_uri}: cannot download it ({msg})") from None
+
+
+def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encoder") -> tuple[dict[str, torch.Tensor],
+                                                                                          dict]:
+    """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
+    local folder holding ``<kind>.safetensors`` + ``config.json``."""
+    client(uri)
+    local = local_copy(model_uri, kind, uri)
+    weights = next(local.rglob(f"{kind}.safetensors"), None)
+    cfg_file = next(local.rglob("config.json"), None)
+    if weights is None or cfg_file is None:
+        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
+    from safetensors.torch import load_file  # torch only when a model is read
+
+    return load_file(str(weights)), json.loads(cfg_file.read_text())
+
+
+def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict, config) of an encoder at a ``models:/…``, ``runs:/…`` URI or local model folder."""
+    return load_model_files(model_uri, uri, "encoder")
+
+
+def load_classifier(model_uri: str, uri: str | None = None):
+    """A registered ``ropim-classifier`` as a plain timm VisionTransformer (eval mode) and its config."""
+    import timm
+
+    state, config = load_model_files(model_uri, uri, "classifier")
+    model = timm.create_model(config["arch"], pretrained=False, **config["timm_kwargs"])
+    model.load_state_dict(state)
+    return model.eval(), config
+
+
+def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
+    """The registered encoder as a plain timm VisionTransformer (eval mode) and its config."""
+    import timm
+
+    state, config = load_encoder_files(model_uri, uri)
+    model = timm.create_model(config["arch"], pretrained=False, **{**config["timm_kwargs"], **timm_overrides})
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("head.") for k in missing):
+        raise ConfigError(f"encoder {model_uri}: weights do not match {config['arch']} ({missing=}, {unexpected=})")
+    return model.eval(), config
+
+
+def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
+    """A run's artifact downloaded to a local path, or None when the run has nothing at ``artifact_path``."""
+    client(uri)
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path))
+    except (mlflow.exceptions.MlflowException, OSError):
+        return None

@@ -1,0 +1,133 @@
+"""The one run tracker: open (or continue) an MLflow run, and mark it FINISHED, FAILED or KILLED when it ends.
+
+A run with a ``storage_path`` is named: ``<storage_path>/<name>/ropim_run.json`` records its MLflow run id and
+config, so that re-running the same name continues the same MLflow run (a different config is refused, except
+the fields a caller declares ``resumable``), and a finished run is reported rather than trained again.
+
+    with open_run(experiment="ropim-pretrain", name=..., storage_path=..., config=cfg.to_dict()) as run:
+        if run.finished:
+            return ...              # nothing to do
+        ...                         # an exception marks the run FAILED (Ctrl+C: KILLED)
+        if stopped_early:
+            run.stop()              # KILLED: a later job continues it
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from ropim.errors import ConfigError
+from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
+
+RUN_META = "ropim_run.json"
+
+
+def default_run_name(prefix: str) -> str:
+    """``<prefix>-<YYYYmmdd-HHMMSS>-<4 hex>``: unique even for jobs started in the same second."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def storage_fs(storage_path: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, root path) for a local folder or any URI pyarrow understands (s3://, gs://, …)."""
+    if "://" in storage_path:
+        return pafs.FileSystem.from_uri(storage_path)
+    return pafs.LocalFileSystem(), str(Path(storage_path).absolute())
+
+
+def read_run_meta(storage_path: str, name: str) -> dict | None:
+    """The metadata of run ``name`` under ``storage_path``, or None for a new run."""
+    fs, root = storage_fs(storage_path)
+    path = f"{root}/{name}/{RUN_META}"
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read().decode())
+
+
+def write_run_meta(storage_path: str, name: str, meta: dict) -> None:
+    """Write the run metadata whole (a temporary file, then a rename)."""
+    fs, root = storage_fs(storage_path)
+    fs.create_dir(f"{root}/{name}", recursive=True)
+    path = f"{root}/{name}/{RUN_META}"
+    with fs.open_output_stream(path + ".tmp") as f:
+        f.write(json.dumps(meta, indent=2).encode())
+    fs.move(path + ".tmp", path)
+
+
+def changed_fields(stored: dict, wanted: dict, resumable: tuple[str, ...] = ()) -> list[str]:
+    """Top-level fields whose values differ between two configs, ignoring ``resumable`` ones."""
+    keys = (set(stored) | set(wanted)) - set(resumable)
+    return sorted(k for k in keys if stored.get(k) != wanted.get(k))
+
+
+@dataclass
+class Run:
+    """An open MLflow run; as a context manager it marks the run's end status on exit."""
+
+    run_id: str
+    name: str
+    tracking_uri: str
+    storage_path: str | None = None
+    continued: bool = False  # an earlier job of this name ran (its MLflow run continues)
+    finished: bool = False  # the run had already FINISHED: report it, train nothing
+    meta: dict = field(default_factory=dict)
+    tags: dict = field(default_factory=dict)  # the MLflow run's tags when it was opened
+    outcome: str = "FINISHED"
+
+    def stop(self) -> None:
+        """End this job's part of the run on purpose (KILLED); re-running the same name continues it."""
+        self.outcome = "KILLED"
+
+    def save(self, **extra) -> None:
+        """Add ``extra`` to the stored metadata (e.g. a sweep's outcome)."""
+        self.meta.update(extra)
+        if self.storage_path is not None:
+            write_run_meta(self.storage_path, self.name, self.meta)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            end_run(self.run_id, "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED", self.tracking_uri)
+        elif not self.finished:
+            end_run(self.run_id, self.outcome, self.tracking_uri)
+
+
+def open_run(*, experiment: str, name: str, config: dict, storage_path: str | None = None, title: str | None = None,
+             resumable: tuple[str, ...] = (), tags: dict | None = None, params: dict | None = None,
+             config_artifact: str | None = None, uri: str | None = None,
+             normalize: Callable[[dict], dict] | None = None) -> Run:
+    """Open run ``name``: continue the one stored under ``storage_path`` (same config but ``resumable`` fields,
+    else ConfigError naming the changed fields), or create a new MLflow run named ``title`` (default ``name``)
+    with ``params`` (default: ``config``) flattened, ``tags``, and the config as JSON at ``config_artifact``.
+    ``normalize`` brings a stored config to the current form (fields added since get their defaults)."""
+    uri = uri or tracking_uri()
+    meta = read_run_meta(storage_path, name) if storage_path is not None else None
+    if meta is None:
+        run_id = create_run(experiment, title or name, config if params is None else params, tags, uri)
+        if config_artifact:
+            log_text(run_id, json.dumps(config, indent=2), config_artifact, uri)
+        run = Run(run_id, name, uri, storage_path, meta={"run_id": run_id, "config": config})
+        run.save()
+        return run
+    stored_config = normalize(meta["config"]) if normalize else meta["config"]
+    changed = changed_fields(stored_config, config, resumable)
+    if changed:
+        raise ConfigError(f"run_name={name!r} already exists under {storage_path} with a different config "
+                          f"({', '.join(changed)}); continue it with its stored config "
+                          f"({storage_path}/{name}/{RUN_META}) or pick a new run_name")
+    c = client(uri)
+    stored = c.get_run(meta["run_id"])
+    finished = stored.info.status == "FINISHED"
+    if not finished:
+        c.update_run(meta["run_id"], status="RUNNING")
+    return Run(meta["run_id"], name, uri, storage_path, continued=True, finished=finished, meta=meta,
+               tags=dict(stored.data.tags))

@@ -1,0 +1,92 @@
+"""The MLflow tracking store: a client on it, experiments, and the few run operations the jobs use."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from ropim.tracking.uri import tracking_uri
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def client(uri: str | None = None) -> MlflowClient:
+    """A client on ``uri`` (default: ``tracking_uri()``); also makes it the process-wide URI."""
+    uri = uri or tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def ensure_experiment(name: str, uri: str | None = None) -> str:
+    """The id of experiment ``name``, created (artifacts beside a local sqlite store) when missing."""
+    uri = uri or tracking_uri()
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return c.create_experiment(name, artifact_location=location)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    """{'model': {'rho': 0.14}} -> {'model.rho': 0.14}."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def create_run(experiment: str, run_name: str | None, params: dict, tags: dict | None = None,
+               uri: str | None = None) -> str:
+    """Start a run (left RUNNING), log ``params`` flattened and ``tags``; return its id."""
+    uri = uri or tracking_uri()
+    c = client(uri)
+    run = c.create_run(ensure_experiment(experiment, uri), run_name=run_name, tags=tags or {})
+    c.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in flatten(params).items()])
+    return run.info.run_id
+
+
+def log_metrics(run_id: str, metrics: dict[str, float], step: int, uri: str | None = None) -> None:
+    """Log a dict of metrics at ``step``."""
+    now = int(time.time() * 1000)
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+
+def log_epochs(run_id: str, epochs: list[dict[str, float]], uri: str | None = None) -> None:
+    """Log each epoch's metrics at its ``epoch`` (1-based) as the MLflow step, in one call."""
+    now = int(time.time() * 1000)
+    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, int(m["epoch"])) for m in epochs
+                                           for k, v in m.items() if k != "epoch"])
+
+
+def set_tags(run_id: str, tags: dict[str, object], uri: str | None = None) -> None:
+    """Set run tags."""
+    client(uri).log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def log_text(run_id: str, text: str, artifact_file: str, uri: str | None = None) -> None:
+    """Store ``text`` as a run artifact."""
+    client(uri).log_text(run_id, text, artifact_file)
+
+
+def log_artifact(run_id: str, local_path: str | Path, artifact_path: str | None = None,
+                 uri: str | None = None) -> None:
+    """Upload a local file as a run artifact (under ``artifact_path``)."""
+    client(uri).log_artifact(run_id, str(local_path), artifact_path)
+
+
+def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
+    """Mark the run FINISHED / FAILED / KILLED."""
+    client(uri).set_terminated(run_id, status)
+

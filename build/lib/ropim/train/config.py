@@ -1,0 +1,243 @@
+"""What a pretraining or fine-tuning job is (``PretrainConfig``, ``FinetuneConfig``) and what the training loop
+reads from it (``LoopConfig``). Imports nothing heavy, so that the command line parses and validates fast."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ropim.core.config import ModelConfig
+from ropim.data.config import DataConfig
+from ropim.errors import ConfigError
+from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+INGESTS = ("torch", "ray_data")
+# Fields that may differ when a named run is continued; everything else must match the stored config.
+PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
+FINETUNE_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
+                      "dataloader_workers")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the one training loop needs to know about a job."""
+
+    kind: str  # progress-line prefix: pretrain | finetune | random-init
+    epochs: int
+    global_batch_size: int  # images per optimizer step over all workers
+    lr: float  # peak learning rate
+    min_lr: float
+    warmup_epochs: float
+    seed: int
+    accum_steps: int = 1
+    clip_grad: float | None = None
+    precision: str = "fp32"
+    checkpoint_every: int = 1
+    stop_after_epochs: int | None = None
+    max_steps_per_epoch: int | None = None
+    eval_every: int = 0  # 0 = never
+    log_every: int = 10
+
+    def last_epoch(self, start_epoch: int) -> int:
+        """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
+        return self.epochs if self.stop_after_epochs is None else min(self.epochs, start_epoch + self.stop_after_epochs)
+
+    def evaluates(self, epoch: int, last_epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) is evaluated: every ``eval_every``, the final and the job's last."""
+        return bool(self.eval_every) and (epoch % self.eval_every == 0 or epoch in (self.epochs, last_epoch))
+
+    def checkpoints(self, epoch: int, last_epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) writes a checkpoint: every ``checkpoint_every`` and the job's last."""
+        return epoch == last_epoch or epoch % self.checkpoint_every == 0
+
+
+def check_precision(precision: str, use_gpu: bool) -> None:
+    """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and not use_gpu:
+        raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
+
+
+def check_at_least(cfg: object, names: tuple[str, ...], low: int = 1) -> None:
+    """Raise ConfigError for the first of ``names`` whose value is below ``low``."""
+    for name in names:
+        if getattr(cfg, name) < low:
+            raise ConfigError(f"{name}={getattr(cfg, name)}: must be ≥ {low}")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
+    data: DataConfig = field(default_factory=DataConfig)
+    epochs: int = 10
+    global_batch_size: int = 128
+    accum_steps: int = 1  # gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)
+    base_lr: float = 1e-3  # lr = base_lr × global_batch_size / 512
+    min_lr: float = 1e-6
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.05
+    beta2: float = 0.95
+    clip_grad: float | None = None  # max gradient norm; None = no clipping
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
+    num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0  # with ingest=ray_data leave CPUs to Ray Data: 0.5 for 2 workers on 2 CPUs
+    ingest: str = "torch"  # torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded
+    seed: int = 0
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
+    keep_checkpoints: int = 2
+    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
+    stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (resume later)
+    max_steps_per_epoch: int | None = None  # cap for smoke runs
+    eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
+    eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
+    viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
+    knn_k: int = 20
+    log_every: int = 10  # steps between progress lines
+    experiment: str = "ropim-pretrain"
+    run_name: str | None = None
+    storage_path: str = "ray_results"
+    registered_model: str = DEFAULT_ENCODER_NAME
+
+    def validate(self) -> PretrainConfig:
+        """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
+        self.model.validate()
+        self.data.validate()
+        check_at_least(self, ("epochs", "global_batch_size", "accum_steps", "keep_checkpoints"))
+        check_at_least(self, ("num_workers",), 0)
+        workers = max(1, self.num_workers)
+        if self.global_batch_size % (workers * self.accum_steps):
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} is not divisible by num_workers={self.num_workers} "
+                f"× accum_steps={self.accum_steps}"
+            )
+        if self.base_lr <= 0:
+            raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
+        check_precision(self.precision, self.use_gpu)
+        if self.ingest not in INGESTS:
+            raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
+        if self.num_workers == 0 and self.ingest == "ray_data":
+            raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
+        return self
+
+    @property
+    def lr(self) -> float:
+        """Peak learning rate after the linear scaling rule."""
+        return self.base_lr * self.global_batch_size / 512
+
+    def loop(self) -> LoopConfig:
+        """What the training loop reads."""
+        return LoopConfig(
+            kind="pretrain", epochs=self.epochs, global_batch_size=self.global_batch_size, lr=self.lr,
+            min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
+            clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
+            stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
+            eval_every=self.eval_every, log_every=self.log_every)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PretrainConfig:
+        d = dict(d)
+        d["model"] = ModelConfig(**{"backbone": "vit", **d.get("model", {})})  # stored before backbones: vit
+        d["data"] = DataConfig(**d.get("data", {}))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """A fine-tune of a registered encoder (the paper's recipe by default); ``ropim finetune --help`` lists it."""
+
+    encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
+    random_init: bool = False  # same architecture, weights not loaded: the from-scratch baseline
+    data: DataConfig = field(default_factory=DataConfig)
+    img_size: int | None = None  # None: the encoder's; another size resamples the position embedding
+    epochs: int = 10
+    batch_size: int = 64  # global: split over num_workers
+    base_lr: float = 5e-3  # lr = base_lr × batch_size / 512 (the paper's grid: 5e-3, 1e-2, 2e-2)
+    min_lr: float = 1e-6
+    warmup_epochs: float = 5.0
+    weight_decay: float = 0.05
+    layer_decay: float = 0.75
+    drop_path: float = 0.1
+    label_smoothing: float = 0.1
+    mixup: float = 0.8
+    cutmix: float = 1.0
+    randaugment: str = "rand-m9-mstd0.5-inc1"  # timm's RandAugment 9 / 0.5; "" disables
+    reprob: float = 0.25
+    crop_scale_min: float = 0.08
+    hflip: float = 0.5
+    clip_grad: float | None = None
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
+    num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    dataloader_workers: int = 0  # DataLoader processes per worker
+    seed: int = 0
+    eval_every: int = 1  # epochs between val evaluations (the last epoch always evaluates)
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
+    keep_checkpoints: int = 2
+    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
+    stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (re-run continues)
+    max_steps_per_epoch: int | None = None  # cap for smoke runs
+    log_every: int = 20  # steps between progress lines
+    experiment: str = "ropim-finetune"
+    run_name: str | None = None
+    storage_path: str = "ray_results"
+    registered_model: str = DEFAULT_CLASSIFIER_NAME  # "" = do not register the classifier
+
+    def validate(self) -> FinetuneConfig:
+        """Raise ConfigError naming the bad field and its fix."""
+        self.data.validate()
+        check_at_least(self, ("epochs", "batch_size", "keep_checkpoints", "eval_every", "checkpoint_every",
+                              "log_every"))
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers={self.num_workers}: must be ≥ 0 (0 = in this process, no Ray)")
+        workers = max(1, self.num_workers)
+        if self.batch_size % workers:
+            raise ConfigError(f"batch_size={self.batch_size} is not divisible by num_workers={self.num_workers}")
+        if (self.mixup > 0 or self.cutmix > 0) and (self.batch_size // workers) % 2:
+            raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
+                              f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
+        if not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"layer_decay={self.layer_decay}: must be in (0, 1] (the paper uses 0.65–0.75)")
+        if self.base_lr <= 0:
+            raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
+        if self.img_size is not None and self.img_size <= 0:
+            raise ConfigError(f"img_size={self.img_size}: must be > 0, or null for the encoder's")
+        check_precision(self.precision, self.use_gpu)
+        if self.num_workers == 0 and "://" in self.storage_path:
+            raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
+                              "in a local folder; give one, or use num_workers ≥ 1")
+        return self
+
+    @property
+    def lr(self) -> float:
+        """Peak learning rate after the linear scaling rule."""
+        return self.base_lr * self.batch_size / 512
+
+    @property
+    def kind(self) -> str:
+        """``finetune``, or ``random-init`` for the from-scratch baseline."""
+        return "random-init" if self.random_init else "finetune"
+
+    def loop(self) -> LoopConfig:
+        """What the training loop reads."""
+        return LoopConfig(
+            kind=self.kind, epochs=self.epochs, global_batch_size=self.batch_size, lr=self.lr, min_lr=self.min_lr,
+            warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
+            checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
+            max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FinetuneConfig:
+        d = dict(d)
+        d["data"] = DataConfig(**d.get("data", {}))
+        return cls(**d)

@@ -1,0 +1,136 @@
+"""What fine-tune, probe and transfer share: checking an encoder against the data, naming the data, the classifier's
+registry config, logging per-class results to MLflow, and tagging the encoder version with its downstream score."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ropim.core.backbone import build_classifier, classifier_spec
+from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from ropim.data.config import DataConfig
+from ropim.data.datasets import build_dataset, eval_transform
+from ropim.errors import ConfigError
+from ropim.eval.features import extract_features
+from ropim.eval.knn import knn_top1
+from ropim.eval.linear import linear_probe
+from ropim.eval.metrics import per_class_accuracy
+from ropim.tracking import registry, store
+from ropim.tracking.encoders import EncoderRef
+from ropim.viz.confusion import confusion_png
+
+log = logging.getLogger("ropim.downstream")
+
+
+def check_image_size(ref: EncoderRef, img_size: int) -> None:
+    """The encoder's patch size must divide the image size it is used at."""
+    p = ref.config["patch_size"]
+    if img_size <= 0 or img_size % p:
+        raise ConfigError(f"img_size={img_size}: encoder {ref.uri} has patch size {p}, which must divide the image "
+                          f"size (e.g. img_size={max(p, img_size - img_size % p)})")
+
+
+def check_channels(ref: EncoderRef, dataset, data: DataConfig) -> None:
+    """Fail, naming both, when the encoder's input channels differ from what the data gives."""
+    expected = ref.config.get("in_chans", ref.config["timm_kwargs"].get("in_chans", 3))
+    if len(dataset) == 0:
+        raise ConfigError(f"data source={data.source!r}: the split holds no images")
+    got = dataset[0][0].shape[0]
+    if got != expected:
+        raise ConfigError(f"encoder {ref.uri} expects {expected}-channel images (in_chans={expected}) but data "
+                          f"source={data.source!r} gives {got}-channel images; use an encoder pretrained on "
+                          f"{got}-channel data")
+
+
+def eval_split(ref: EncoderRef, data: DataConfig, img_size: int, split: str = "val"):
+    """``split`` of ``data`` under the eval transform, after checking image size and channels against ``ref``."""
+    check_image_size(ref, img_size)
+    dataset = build_dataset(data, split, eval_transform(img_size), img_size)
+    check_channels(ref, dataset, data)
+    return dataset
+
+
+def dataset_name(data: DataConfig) -> str:
+    """A short name of the data for tags and tables: 'digits', or the last part of a path / URI."""
+    name = getattr(data, "name", None) or data.source.rstrip("/").split("?")[0].rsplit("/", 1)[-1]
+    name = re.sub(r"\.(parquet|tar|zip)$", "", name)
+    return re.sub(r"[^A-Za-z0-9_\-]+", "_", name).strip("_") or "data"
+
+
+def classifier_from(config: dict, state: dict[str, torch.Tensor] | None, num_classes: int, img_size: int | None = None,
+                    drop_path: float = 0.0, uri: str = "encoder", quiet: bool = False) -> torch.nn.Module:
+    """The timm classifier (``num_classes`` 0: pooled features) of an encoder's config and weights at ``img_size``,
+    built the BEiT/SimMIM way (``ropim.core.backbone.build_classifier``); a resampling is logged once."""
+    clf = build_classifier(config["arch"], config["timm_kwargs"], state, num_classes, img_size, drop_path)
+    if not quiet and len(clf.actions) > 1:
+        log.info(f"[downstream] encoder {uri}: {clf.summary()}")
+    return clf.model
+
+
+def classifier_config(ref: EncoderRef, classes: list[str], img_size: int, dataset: str, metrics: dict) -> dict:
+    """The JSON config stored beside a registered classifier (scalar entries become version tags)."""
+    name, kwargs = classifier_spec(ref.config["arch"], ref.config["timm_kwargs"], len(classes), img_size)
+    return {
+        "arch": name, "timm_kwargs": kwargs, "img_size": img_size,
+        "patch_size": ref.config["patch_size"], "num_classes": len(classes), "classes": list(classes),
+        "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "dataset": dataset,
+        "encoder_uri": ref.pinned, "encoder_name": ref.name or "", "encoder_version": ref.version or "",
+        "top1": round(metrics["top1"], 4), "top5": round(metrics["top5"], 4), "embed_dim": ref.config.get("embed_dim"),
+    }
+
+
+def log_results(run_id: str, confusion, classes: list[str], tracking: str, *, prefix: str = "", step: int | None = None,
+                title: str = "") -> dict:
+    """Log per-class accuracy metrics (``<prefix>class_acc.<class>``), ``<prefix>confusion.png`` and
+    ``<prefix>confusion.json`` (matrix, classes, per-class accuracy) on ``run_id``; return the JSON."""
+    conf = torch.as_tensor(confusion)
+    per_class = per_class_accuracy(conf)
+    safe = [re.sub(r"[^A-Za-z0-9_\-. /]", "_", c) or "_" for c in classes]
+    metrics = {f"{prefix}class_acc.{c}": a for c, a in zip(safe, per_class, strict=True) if a == a}
+    items = list(metrics.items())
+    for i in range(0, len(items), 900):  # MLflow takes at most 1000 metrics per batch
+        store.log_metrics(run_id, dict(items[i:i + 900]), step or 0, tracking)
+    report = {"classes": list(classes), "confusion": conf.tolist(), "per_class_top1": per_class}
+    c = store.client(tracking)
+    with tempfile.TemporaryDirectory() as tmp:
+        confusion_png(conf, list(classes), Path(tmp, f"{prefix}confusion.png"), title or f"{prefix}confusion")
+        Path(tmp, f"{prefix}confusion.json").write_text(json.dumps(report))
+        c.log_artifact(run_id, str(Path(tmp, f"{prefix}confusion.png")))
+        c.log_artifact(run_id, str(Path(tmp, f"{prefix}confusion.json")))
+    return report
+
+
+def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:
+    """Write ``tags`` (e.g. ``downstream.digits.top1``) on the encoder's registered version, if it has one."""
+    if ref.version is None:
+        return
+    c = store.client(tracking)
+    for k, v in tags.items():
+        c.set_model_version_tag(ref.name, ref.version, k, f"{v:.2f}")
+    registry.describe(ref.name, ref.version, tracking)
+
+
+def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
+    """Tags of a downstream run: what it is, the encoder it started from, the data."""
+    tags = {"ropim.kind": kind, "ropim.encoder_uri": ref.uri, "ropim.dataset": dataset_name(data)}
+    if ref.version:
+        tags |= {"ropim.encoder_name": ref.name, "ropim.encoder_version": ref.version}
+    return tags
+
+
+def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
+                  linear: bool = True) -> dict[str, float]:
+    """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
+    ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe)."""
+    tf = eval_transform(img_size)
+    train_x, train_y = extract_features(encoder, build_dataset(data, "train", tf, img_size))
+    val_x, val_y = extract_features(encoder, build_dataset(data, "val", tf, img_size))
+    scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}
+    if linear:
+        scores["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y)["top1"]
+    return scores

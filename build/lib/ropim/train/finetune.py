@@ -1,0 +1,244 @@
+"""Fine-tuning an encoder into a classifier with the paper's recipe (timm): the task the training loop runs, and
+the job that checks the encoder against the data, opens the run, trains and registers the classifier.
+
+``FinetuneTask`` supplies the loop with a timm classifier built from the encoder (layer-wise lr decay), the
+recipe's augmentation, Mixup / CutMix and label smoothing, and the val evaluation (top-1 / top-5 and the
+confusion matrix, sharded over the workers). ``finetune(cfg)`` runs it on ``num_workers`` Ray Train workers (0:
+in this process), then logs per-class accuracy and a confusion-matrix PNG, registers the classifier
+(``ropim-classifier``, loaded without pickle) and tags the encoder version with ``downstream.<dataset>.top1``.
+Re-running a named run continues it; a finished one is reported, not trained again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageOps
+from safetensors.torch import load_file
+from timm.data import Mixup, create_transform
+from timm.data.auto_augment import RandAugment
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from ropim.console import ensure_logging
+from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from ropim.data.datasets import build_dataset, eval_transform
+from ropim.errors import ConfigError
+from ropim.eval.metrics import confusion_matrix, topk_hits
+from ropim.tracking import registry, store
+from ropim.tracking.encoders import EncoderRef, resolve_encoder
+from ropim.tracking.runs import default_run_name, open_run
+from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.config import FINETUNE_RESUMABLE, FinetuneConfig
+from ropim.train.downstream import (
+    classifier_config,
+    classifier_from,
+    dataset_name,
+    eval_split,
+    log_results,
+    run_tags,
+    tag_version,
+)
+from ropim.train.loop import EpochData, Worker, autocast_dtype, train
+from ropim.train.runtime import WorkerFn, fit
+
+log = logging.getLogger("ropim.finetune")
+
+
+def baseline(cfg: FinetuneConfig) -> FinetuneConfig:
+    """The same fine-tune from a randomly initialised encoder of the same architecture."""
+    return dataclasses.replace(cfg, random_init=True)
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize for current Pillow, which rejects 0 bits: keeping 0 bits gives a black image."""
+    if bits_to_keep >= 8:
+        return img
+    return ImageOps.posterize(img, bits_to_keep) if bits_to_keep >= 1 else Image.new(img.mode, img.size)
+
+
+def train_transform(cfg: FinetuneConfig, img_size: int):
+    """The recipe's augmentation: RandomResizedCrop, flip, RandAugment, random erasing, normalisation (timm).
+
+    RandAugment "inc1" at magnitude 10 (reachable with mstd noise) asks Pillow ≥ 11 to keep 0 bits, which it
+    rejects: this transform's own posterize ops use ``posterize`` above (timm's table is left as it is)."""
+    transform = create_transform(img_size, is_training=True, scale=(cfg.crop_scale_min, 1.0), hflip=cfg.hflip,
+                                 auto_augment=cfg.randaugment or None, re_prob=cfg.reprob, interpolation="bicubic",
+                                 mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    for t in transform.transforms:
+        if isinstance(t, RandAugment):
+            for op in t.ops:
+                if op.name.startswith("Posterize"):
+                    op.aug_fn = posterize
+    return transform
+
+
+@torch.no_grad()
+def evaluate_counts(model: torch.nn.Module, loader: DataLoader, n_classes: int, device: torch.device,
+                    amp_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([top-1 hits, top-5 hits, n], confusion (K, K)) of ``model`` on ``loader``."""
+    was_training = model.training
+    model.eval()
+    counts, conf = torch.zeros(3, dtype=torch.long), torch.zeros(n_classes, n_classes, dtype=torch.long)
+    for x, y in loader:
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = model(x.to(device)).float()
+        h1, h5 = topk_hits(logits, y)
+        counts += torch.tensor([h1, h5, len(y)])
+        conf += confusion_matrix(logits.argmax(1), y, n_classes)
+    model.train(was_training)
+    return counts, conf
+
+
+class FinetuneTask:
+    """Fine-tuning as the loop sees it."""
+
+    loss_name = "train_loss"
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        self.config = config["cfg"]
+        self.cfg = cfg = FinetuneConfig.from_dict(self.config)
+        self.run_id, self.tracking = config["run_id"], config["tracking_uri"]
+        self.worker = worker
+        self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
+        self.img_size = cfg.img_size or self.enc_cfg["img_size"]
+        self.train_set = build_dataset(cfg.data, "train", train_transform(cfg, self.img_size), self.img_size)
+        self.classes = list(self.train_set.classes)
+        self.last_eval: dict = {}
+        mixing = cfg.mixup > 0 or cfg.cutmix > 0
+        self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
+                           num_classes=len(self.classes)) if mixing else None
+        self.criterion = SoftTargetCrossEntropy() if mixing else LabelSmoothingCrossEntropy(cfg.label_smoothing)
+
+    def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        cfg = self.cfg
+        model = classifier_from(self.enc_cfg, None if cfg.random_init else self.state, len(self.classes), self.img_size,
+                            cfg.drop_path, uri=cfg.encoder, quiet=worker.rank != 0).to(worker.device)
+        optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                        layer_decay=cfg.layer_decay)
+        return model, optimizer
+
+    def data(self, worker: Worker, micro_batch: int) -> EpochData:
+        cfg = self.cfg
+        sampler = DistributedSampler(self.train_set, num_replicas=worker.world, rank=worker.rank, shuffle=True,
+                                     seed=cfg.seed, drop_last=True)
+        loader = DataLoader(self.train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
+                            num_workers=cfg.dataloader_workers, pin_memory=worker.device.type == "cuda",
+                            persistent_workers=cfg.dataloader_workers > 0)
+        val_set = build_dataset(cfg.data, "val", eval_transform(self.img_size), self.img_size)
+        self.val_loader = DataLoader(Subset(val_set, range(worker.rank, len(val_set), worker.world)),
+                                     batch_size=max(micro_batch, 64), num_workers=cfg.dataloader_workers)
+        if len(loader) < 1:
+            raise ConfigError(f"batch_size={cfg.batch_size}: larger than the training split on each worker")
+
+        def batches(epoch: int):
+            sampler.set_epoch(epoch)
+            return iter(loader)
+
+        return EpochData(batches, len(loader))
+
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        x, y = (t.to(self.worker.device, non_blocking=True) for t in batch)
+        if self.mixup is not None:
+            x, y = self.mixup(x, y)
+        return self.criterion(model(x), y), x.shape[0]
+
+    def evaluate(self, model: torch.nn.Module, epoch: int) -> dict[str, float]:
+        n_classes = len(self.classes)
+        counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device,
+                                       autocast_dtype(self.cfg.precision))
+        gathered = self.worker.gather(torch.cat([counts, conf.flatten()]).double()).sum(0).long()
+        counts, conf = gathered[:3], gathered[3:].reshape(n_classes, n_classes)
+        metrics = {"top1": 100 * counts[0].item() / counts[2].item(), "top5": 100 * counts[1].item() / counts[2].item()}
+        self.last_eval = {"eval": {"epoch": epoch, **metrics, "classes": self.classes, "confusion": conf.tolist(),
+                                   "img_size": self.img_size}}
+        return metrics
+
+    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
+        if "top1" in metrics:
+            log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
+                     f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}%")
+
+    def record(self, epochs: list[dict]) -> None:
+        store.log_epochs(self.run_id, epochs, self.tracking)
+
+    def checkpoint_extra(self) -> dict:
+        return self.last_eval
+
+
+def worker_main(config: dict, worker: Worker) -> None:
+    """One worker of a fine-tuning job."""
+    task = FinetuneTask(config, worker)
+    train(task, task.cfg.loop(), worker)
+
+
+def register_result(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> dict:
+    """Log per-class accuracy + confusion matrix, register the classifier, tag the encoder version."""
+    name = dataset_name(cfg.data)
+    ev = json.loads((folder / "metrics.json").read_text())["eval"]
+    report = log_results(run_id, ev["confusion"], ev["classes"], tracking, step=ev["epoch"],
+                         title=f"{cfg.kind} of {ref.label} on {name}: top-1 {ev['top1']:.2f}%")
+    store.log_metrics(run_id, {"final_top1": ev["top1"], "final_top5": ev["top5"]}, ev["epoch"], tracking)
+    out = {"per_class_top1": dict(zip(ev["classes"], report["per_class_top1"], strict=True)), "classifier_uri": None}
+    if cfg.registered_model and not cfg.random_init:
+        config = classifier_config(ref, ev["classes"], ev["img_size"], name, ev)
+        uri = registry.register_classifier(run_id, load_file(str(folder / "model.safetensors")), config,
+                                           cfg.registered_model, tracking)
+        store.set_tags(run_id, {"ropim.classifier_uri": uri}, tracking)
+        print(f"[{cfg.kind}] registered classifier {uri}", flush=True)
+        out["classifier_uri"] = uri
+    if not cfg.random_init:
+        tag_version(ref, {f"downstream.{name}.top1": ev["top1"]}, tracking)
+    return out
+
+
+def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, EncoderRef]:
+    """Validate ``cfg`` and check the encoder against the data, before any run starts; pin the encoder."""
+    cfg.validate()
+    ref, _ = resolve_encoder(cfg.encoder, tracking)
+    data = cfg.data.resolved()
+    img_size = cfg.img_size or ref.config["img_size"]
+    eval_split(ref, data, img_size)  # image size and channels checked against the encoder
+    n_train = len(build_dataset(data, "train", None, img_size))
+    if n_train < cfg.batch_size:
+        raise ConfigError(f"batch_size={cfg.batch_size} exceeds the training split ({n_train} images)")
+    run_name = cfg.run_name or default_run_name(f"{cfg.kind}-{dataset_name(data)}")
+    return dataclasses.replace(cfg, encoder=ref.pinned, data=data, run_name=run_name), ref
+
+
+def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[str, object]:
+    """Fine-tune a classifier from ``cfg.encoder`` (or its architecture at random init); return val metrics:
+    'top1', 'top5', 'train_loss', 'epoch', 'run_id', 'classifier_uri', 'per_class_top1'."""
+    ensure_logging()
+    tracking = tracking_uri()
+    check_tracking(tracking)
+    cfg, ref = prepare(cfg, tracking)
+    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
+                  resumable=FINETUNE_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
+                  config_artifact="config/finetune.json", uri=tracking,
+                  normalize=lambda stored: FinetuneConfig.from_dict(stored).to_dict()) as run:
+        if run.finished:
+            metrics = store.client(tracking).get_run(run.run_id).data.metrics
+            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): top-1 "
+                  f"{metrics.get('top1', float('nan')):.2f}%", flush=True)
+            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
+                    "classifier_uri": run.tags.get("ropim.classifier_uri")}
+        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
+        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
+        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at "
+              f"{cfg.img_size or ref.config['img_size']}px, MLflow run {run.run_id}", flush=True)
+        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking}, cfg)
+        extra = {}
+        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
+            with result.checkpoint_dir() as folder:
+                extra = register_result(cfg, ref, run.run_id, folder, tracking)
+        else:
+            run.stop()
+            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
+                  f"re-running with --run_name {cfg.run_name}", flush=True)
+        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}

@@ -1,0 +1,262 @@
+"""The one training loop, for every job: pretraining and fine-tuning supply a ``Task`` (model, batches, batch →
+loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a ``Worker`` (Ray Train or in-process):
+
+    restore the latest checkpoint → for each epoch: seed (seed, epoch, rank) → optimizer steps of
+    ``accum_steps`` micro batches (autocast bf16/fp16 + grad scaler, clipping, timm's cosine schedule per step,
+    a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
+    rank 0's epoch hook → checkpoint when due → report.
+
+Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
+(the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
+``random`` and numpy from (seed, epoch, rank), and tasks seed per-step randomness (sketches) from the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import resource
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from timm.scheduler import CosineLRScheduler
+
+from ropim.train.checkpoint import load_checkpoint, save_checkpoint
+from ropim.train.config import LoopConfig
+
+log = logging.getLogger("ropim.train")
+
+
+def worker_seed(seed: int, counter: int, rank: int) -> int:
+    """A 63-bit seed of (seed, counter, rank): the epoch's augmentation seed, or a step's sketch seed."""
+    return ((seed * 1_000_003 + rank) * 1_000_000_007 + counter) % 2**63
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, python ``random`` (RandAugment, erasing) and numpy (Mixup)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` (None for fp32)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def grad_scaler(precision: str) -> torch.amp.GradScaler | None:
+    """A CUDA grad scaler for fp16, else None."""
+    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated GPU memory, or this process's peak resident memory on CPU, in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class Worker(Protocol):
+    """Where the loop runs: one Ray Train worker, or this process (``ropim.train.runtime``)."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    def latest_checkpoint(self) -> contextlib.AbstractContextManager[str | None]: ...
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor: ...
+
+    def report(self, metrics: dict, folder: Path | None) -> None: ...
+
+
+@dataclass
+class EpochData:
+    """A worker's batches: ``batches(epoch)`` yields the micro batches of ``steps`` optimizer steps."""
+
+    batches: Callable[[int], Iterator]
+    steps: int
+    # extra per-epoch statistics: name -> (read this worker's value, "sum" or "max" over workers)
+    stats: dict[str, tuple[Callable[[], float], str]] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    """What a job supplies to the loop."""
+
+    loss_name: str  # the epoch's mean-loss metric: "loss" (pretraining) or "train_loss" (fine-tuning)
+    config: dict  # the job's config, stored in every checkpoint as config.json
+
+    def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The model on ``worker.device`` (identical on every rank) and its optimizer."""
+
+    def data(self, worker: Worker, micro_batch: int) -> EpochData:
+        """This worker's share of the training data in micro batches of ``micro_batch``."""
+
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        """(mean loss, images) of one micro batch at optimizer step ``step``; ``model`` may be DDP-wrapped."""
+
+    def evaluate(self, model: torch.nn.Module, epoch: int) -> dict[str, float]:
+        """Metrics of epoch ``epoch`` (1-based) when due; called on every rank."""
+
+    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
+        """Rank 0, after each epoch: the progress line, pictures."""
+
+    def record(self, epochs: list[dict]) -> None:
+        """Rank 0: store the metrics of ``epochs`` (MLflow), once the checkpoint that holds them is reported — so
+        an epoch retrained after a crash is recorded once."""
+
+    def checkpoint_extra(self) -> dict:
+        """JSON-able extras stored in the checkpoint's metrics.json (e.g. the last confusion matrix)."""
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+                   params: Callable[[], Iterator[torch.nn.Parameter]], clip_grad: float | None) -> None:
+    """One optimizer step on the accumulated gradients: unscale (fp16), clip to ``clip_grad``, step, zero."""
+    if scaler:
+        scaler.unscale_(optimizer)
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(params(), clip_grad)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class EpochTally:
+    """What one worker measured in one epoch."""
+
+    loss_sum: torch.Tensor  # sum over steps of the step's mean loss
+    steps: int = 0
+    images: int = 0
+    wait_s: float = 0.0  # time spent waiting for the next batch
+    time_s: float = 0.0
+
+
+class Loop:
+    """The state of one worker's training run (model, optimizer, schedule, step) and its epoch."""
+
+    def __init__(self, task: Task, cfg: LoopConfig, worker: Worker) -> None:
+        self.task, self.cfg, self.worker = task, cfg, worker
+        seed_everything(cfg.seed)  # identical initial weights on every rank
+        self.model, self.optimizer = task.build(worker)
+        self.scaler = grad_scaler(cfg.precision)
+        self.start_epoch, self.step = 0, 0
+        with worker.latest_checkpoint() as folder:
+            if folder is not None:
+                state = load_checkpoint(folder, self.model, self.optimizer, self.scaler)
+                self.start_epoch, self.step = state["epoch"] + 1, state["step"]
+                if worker.rank == 0:
+                    log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}")
+        self.ddp_model = worker.prepare(self.model)
+        self.data = task.data(worker, cfg.global_batch_size // (worker.world * cfg.accum_steps))
+        self.steps = min(self.data.steps, cfg.max_steps_per_epoch or self.data.steps)
+        if self.steps < 1:
+            raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
+        self.total_steps = cfg.epochs * self.steps
+        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=self.total_steps, lr_min=cfg.min_lr,
+                                           warmup_t=round(cfg.warmup_epochs * self.steps),
+                                           warmup_lr_init=cfg.min_lr, t_in_epochs=False)
+        self.scheduler.step_update(self.step)
+        self.amp_dtype = autocast_dtype(cfg.precision)
+
+    @property
+    def lr(self) -> float:
+        return max(g["lr"] for g in self.optimizer.param_groups)
+
+    def train_epoch(self, epoch: int) -> EpochTally:
+        """``self.steps`` optimizer steps, each over ``accum_steps`` micro batches."""
+        cfg, worker, device = self.cfg, self.worker, self.worker.device
+        tally, t0 = EpochTally(torch.zeros((), device=device)), time.perf_counter()
+        batches = self.data.batches(epoch)
+        try:
+            for i in range(self.steps):
+                for micro in range(cfg.accum_steps):
+                    t_wait = time.perf_counter()
+                    batch = next(batches)
+                    tally.wait_s += time.perf_counter() - t_wait
+                    sync = micro + 1 == cfg.accum_steps or worker.world == 1
+                    no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()
+                    with no_sync, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                        loss, n = self.task.loss(self.ddp_model, batch, self.step)
+                        scaled = loss / cfg.accum_steps
+                        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                    tally.loss_sum += loss.detach().float() / cfg.accum_steps
+                    tally.images += n
+                optimizer_step(self.optimizer, self.scaler, self.model.parameters, cfg.clip_grad)
+                self.step += 1
+                tally.steps += 1
+                self.scheduler.step_update(self.step)
+                if worker.rank == 0 and (self.step % cfg.log_every == 0 or i + 1 == self.steps):
+                    self.progress(epoch, loss, tally, t0)
+        except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
+            pass
+        tally.time_s = time.perf_counter() - t0
+        return tally
+
+    def progress(self, epoch: int, loss: torch.Tensor, tally: EpochTally, t0: float) -> None:
+        rate = tally.images * self.worker.world / (time.perf_counter() - t0)
+        eta = (self.total_steps - self.step) * self.cfg.global_batch_size / rate
+        # logging, not print: Ray Train's print patch would echo each line twice
+        log.info(f"[{self.cfg.kind}] epoch {epoch + 1}/{self.cfg.epochs} step {self.step}/{self.total_steps} "
+                 f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta / 60:.1f} min")
+
+    def epoch_stats(self, tally: EpochTally) -> dict[str, float]:
+        """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory, and
+        the task's extra statistics (summed or maxed)."""
+        extra = self.data.stats
+        values = [tally.loss_sum.item() / max(tally.steps, 1), tally.images, tally.time_s,
+                  peak_memory_mb(self.worker.device), tally.wait_s / max(tally.time_s, 1e-9),
+                  *(read() for read, _ in extra.values())]
+        g = self.worker.gather(torch.tensor(values, dtype=torch.float64))  # (world, k)
+        reduced = [g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean()]
+        reduced += [g[:, 5 + i].sum() if how == "sum" else g[:, 5 + i].max()
+                    for i, (_, how) in enumerate(extra.values())]
+        loss, images, time_s, peak_mb, wait_share, *rest = (v.item() for v in reduced)
+        return {self.task.loss_name: loss, "img_per_s": images / time_s, "epoch_time_s": time_s,
+                "peak_mem_mb": peak_mb, "data_wait_share": wait_share, **dict(zip(extra, rest, strict=True))}
+
+    def run(self) -> None:
+        """Train from the restored epoch to the job's last epoch; report every epoch, checkpoint when due, record
+        the epochs' metrics once their checkpoint is reported."""
+        cfg, worker = self.cfg, self.worker
+        last_epoch = cfg.last_epoch(self.start_epoch)
+        unrecorded: list[dict] = []
+        for epoch in range(self.start_epoch, last_epoch):
+            seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
+            self.ddp_model.train()
+            tally = self.train_epoch(epoch)
+            metrics = {**self.epoch_stats(tally), "lr": self.lr, "epoch": epoch + 1, "step": self.step}
+            if cfg.evaluates(epoch + 1, last_epoch):
+                metrics |= self.task.evaluate(self.model, epoch + 1)
+            if worker.rank == 0:
+                self.task.epoch_end(self.model, metrics)
+            unrecorded.append(metrics)
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = None
+                if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
+                    folder = Path(tmp)
+                    save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
+                    (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
+                worker.report(metrics, folder)
+            if folder is not None:
+                self.task.record(unrecorded)
+            if cfg.checkpoints(epoch + 1, last_epoch):
+                unrecorded = []
+
+
+def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:
+    """Run ``task`` on ``worker`` under ``cfg``: the whole per-worker job."""
+    Loop(task, cfg, worker).run()

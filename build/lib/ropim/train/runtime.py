@@ -1,0 +1,213 @@
+"""Where the training loop runs: the Ray session, the TorchTrainer of a job (``num_workers`` ≥ 1) or this process
+(``num_workers`` = 0), seen by the loop through one ``Worker`` interface, with the same checkpoint format.
+
+In-process checkpoints go to ``<storage_path>/<run_name>/in_process/checkpoint_<epoch>``, copied whole under a
+temporary name and renamed into place, the last ``keep_checkpoints`` kept (Ray Train does the same for its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ropim.errors import ConfigError
+from ropim.train.config import FinetuneConfig, PretrainConfig
+
+WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
+
+
+@contextlib.contextmanager
+def ray_session(needed: bool = True) -> Iterator[None]:
+    """Use this process's Ray session, or (when ``needed``) start one and shut it down on exit.
+
+    ``ray.init()`` joins the cluster of a ``ray job submit`` job (RAY_ADDRESS) or starts a local one. The
+    dashboard stays on: Ray Train's placement-group cleaner needs its state API to free a dead run's resources.
+    """
+    import ray
+
+    started = needed and not ray.is_initialized()
+    if started:
+        ray.init()
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+class DropTrainReportLines(logging.Filter):
+    """Drops Ray Train's per-report INFO line ("Reporting training result N: TrainingReport(...)"), written once
+    per worker per report by a logger that ``LoggingConfig`` does not reach; the loop prints its own progress."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Reporting training result")
+
+
+class RayWorker:
+    """The loop's view of a Ray Train worker."""
+
+    def __init__(self) -> None:
+        import ray.train
+        import ray.train.torch
+
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(DropTrainReportLines())
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as d:
+            yield d
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model, move_to_device=False)
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return values.unsqueeze(0)
+        moved = values.to(self.device) if self.device.type == "cuda" else values
+        out = [torch.zeros_like(moved) for _ in range(self.world)]
+        torch.distributed.all_gather(out, moved)
+        return torch.stack([t.cpu() for t in out])
+
+    def report(self, metrics: dict, folder: Path | None) -> None:
+        import ray.train
+
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if folder else None)
+
+
+class LocalWorker:
+    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept."""
+
+    rank, world = 0, 1
+
+    def __init__(self, folder: Path, keep: int, use_gpu: bool = False) -> None:
+        self.folder, self.keep = folder, keep
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.metrics: dict = {}
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a folder is complete once renamed into place)."""
+        return sorted(self.folder.glob("checkpoint_[0-9]*")) if self.folder.is_dir() else []
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        found = self.checkpoints()
+        yield str(found[-1]) if found else None
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        return values.unsqueeze(0)
+
+    def report(self, metrics: dict, folder: Path | None) -> None:
+        self.metrics = metrics
+        if folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        dest = self.folder / f"checkpoint_{metrics['epoch']:06d}"
+        tmp = self.folder / f".tmp_{dest.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        for old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def on_ray(fn: WorkerFn, config: dict) -> None:
+    """Ray Train's entry point: ``fn`` on this Ray Train worker."""
+    fn(config, RayWorker())
+
+
+@dataclass
+class FitResult:
+    """A job's last reported metrics and its latest checkpoint (a Ray ``Checkpoint`` or a local folder)."""
+
+    metrics: dict
+    checkpoint: object | None
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """Where the latest checkpoint is (a folder or a URI)."""
+        if self.checkpoint is None:
+            return None
+        return str(getattr(self.checkpoint, "path", self.checkpoint))
+
+    @contextlib.contextmanager
+    def checkpoint_dir(self) -> Iterator[Path]:
+        """The latest checkpoint as a local folder (downloaded from remote storage when needed)."""
+        if isinstance(self.checkpoint, Path):
+            yield self.checkpoint
+            return
+        with self.checkpoint.as_directory() as d:
+            yield Path(d)
+
+
+def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, *,
+                  callbacks: list | None = None, datasets: dict | None = None, storage_path: str | None = None):
+    """The TorchTrainer of a job: ``job.num_workers`` workers, a run named ``job.run_name`` under its storage path
+    (re-running the name resumes from its latest checkpoint), ``keep_checkpoints``, ``max_failures``."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    storage = storage_path or job.storage_path
+    return TorchTrainer(
+        functools.partial(on_ray, fn),
+        train_loop_config=loop_config,
+        datasets=datasets,
+        scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
+                                     resources_per_worker={"CPU": job.cpus_per_worker}),
+        run_config=RunConfig(
+            name=job.run_name,
+            storage_path=storage if "://" in storage else str(Path(storage).absolute()),
+            checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=job.max_failures),
+            callbacks=callbacks or [],
+            logging_config=LoggingConfig(log_level="WARNING"),
+        ),
+    )
+
+
+def fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, **trainer_kwargs) -> FitResult:
+    """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0."""
+    if job.num_workers == 0:
+        gpu_or_cpu(job.use_gpu)
+        worker = LocalWorker(Path(job.storage_path).absolute() / job.run_name / "in_process", job.keep_checkpoints,
+                             job.use_gpu)
+        fn(loop_config, worker)
+        found = worker.checkpoints()
+        metrics = worker.metrics
+        if not metrics and found:  # nothing left to train: the latest checkpoint's metrics
+            metrics = json.loads((found[-1] / "metrics.json").read_text())
+        return FitResult(metrics, found[-1] if found else None)
+    with ray_session():
+        result = torch_trainer(fn, loop_config, job, **trainer_kwargs).fit()
+    return FitResult(dict(result.metrics or {}), result.checkpoint)
+
+
+
+def gpu_or_cpu(use_gpu: bool) -> torch.device:
+    """The device of an in-process job; ConfigError when a GPU is asked for and none is visible."""
+    if use_gpu and not torch.cuda.is_available():
+        raise ConfigError("use_gpu=true but no CUDA device is visible in this process; drop --use_gpu")
+    return torch.device("cuda" if use_gpu else "cpu")

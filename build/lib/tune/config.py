@@ -1,0 +1,92 @@
+"""What a sweep is (``SweepConfig``): the search, its space, the scheduler, the metric, and the pretraining run
+every trial starts from. Imports nothing heavy, so the command line parses and validates fast.
+
+Shipped presets are ordinary config files in ``tune/presets/`` (``rho_ablation``, ``tpe``): sweep fields plus the
+pretraining preset they start from and a few pretraining overrides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ropim.errors import ConfigError
+from tune.spaces import max_value, n_grid_points, validate_space
+
+PRESETS = Path(__file__).with_name("presets")
+SEARCHES = ("grid", "tpe")
+SCHEDULERS = ("none", "asha")
+# metric -> mode; reported by rank 0 on eval epochs (PretrainConfig.eval_every); linear_top1 turns on eval_linear_probe
+METRICS = {"knn_top1": "max", "linear_top1": "max"}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep: how trials are chosen, how many run at once, and the pretraining run each trial is."""
+
+    preset: str = "rho_ablation"
+    search: str = "grid"
+    space: dict = field(default_factory=dict)
+    metric: str = "knn_top1"
+    scheduler: str = "none"
+    grace_period: int = 1  # ASHA: epochs before a trial can be stopped
+    reduction_factor: int = 2  # ASHA
+    num_samples: int = 1  # TPE: trials; grid: seeds per grid point (seed, seed+1, …)
+    max_concurrent: int | None = None  # None: as many as the cluster's CPUs (GPUs) fit
+    search_seed: int = 0  # TPE sampler seed
+    name: str | None = None  # the sweep's folder under storage_path and its MLflow parent run name
+    storage_path: str = "ray_results"
+    experiment: str = "ropim-sweep"
+    register: bool = True  # register the best trial's encoder and apply the champion rule
+    pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
+
+    @property
+    def mode(self) -> str:
+        return METRICS[self.metric]
+
+    @property
+    def n_trials(self) -> int:
+        """Trials the finished sweep holds."""
+        return self.num_samples * (n_grid_points(self.space) if self.search == "grid" else 1)
+
+    @property
+    def max_epochs(self) -> int:
+        return int(max_value(self.space, "epochs", self.pretrain["epochs"]))
+
+    def validate(self) -> SweepConfig:
+        """Raise ConfigError naming the bad field and its fix, before Ray starts."""
+        if self.search not in SEARCHES:
+            raise ConfigError(f"search={self.search!r}: choose one of {', '.join(SEARCHES)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"scheduler={self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"metric={self.metric!r}: choose one of {', '.join(METRICS)}")
+        if self.num_samples < 1 or (self.max_concurrent is not None and self.max_concurrent < 1):
+            raise ConfigError("--num-samples and --max-concurrent must be ≥ 1")
+        if self.pretrain.get("num_workers", 1) < 1:
+            raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
+        validate_space(self.space, self.search, self.pretrain)
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepConfig:
+        return cls(**d)
+
+
+def grid_seeds(space: dict, base_seed: int, n: int) -> dict:
+    """A grid space with ``n`` seeds per point (``seed`` added as a grid knob), for repeated grid trials."""
+    if n <= 1 or "seed" in space:
+        return space
+    return {**space, "seed": {"grid": list(range(base_seed, base_seed + n))}}
+
+
+def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
+    """How many trials' worker groups fit the cluster at once (at least 1)."""
+    fits = math.floor(cluster.get("CPU", 1) / max(num_workers * cpus_per_worker, 1e-9))
+    if use_gpu:
+        fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
+    return max(1, fits)

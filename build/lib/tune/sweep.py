@@ -1,0 +1,134 @@
+"""``ropim sweep`` (also ``python -m tune.sweep`` and ``jobs/sweep.py``): the sweep's command line.
+
+    ropim sweep --preset rho_ablation --workers-per-trial 1 --epochs 4
+    ropim sweep --preset tpe --num-samples 12 --max-concurrent 2 --model.depth 4
+
+One jsonargparse parser: ``--preset NAME`` (``tune/presets/``) / ``--config FILE`` for the sweep,
+``--pretrain-preset NAME`` / ``--pretrain-config FILE`` for the pretraining run every trial starts from (default
+preset: rho_ablation on digits_demo), the sweep's own flags, and every ``ropim pretrain`` flag, applied in order.
+``--resume NAME`` continues the sweep NAME with its stored config.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse import ArgumentParser, Namespace
+
+from ropim.cli import ERRORS, preset_action, shipped_presets
+from ropim.cli import PRESETS as ROPIM_PRESETS
+from ropim.train.config import PretrainConfig
+from tune.config import METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
+
+# PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
+NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
+HELP = "sweep rho / lr / epochs on Ray Tune (+ Optuna); register the best encoder"
+
+
+def parser() -> ArgumentParser:
+    """The sweep's parser: sweep flags and every pretraining flag."""
+    lines = "\n".join(f"  {name:<14} {path.read_text().splitlines()[0].lstrip('# ')}"
+                      for name, path in shipped_presets(PRESETS).items())
+    p = ArgumentParser(prog="ropim sweep", default_config_files=[str(PRESETS / "rho_ablation.yaml")],
+                       description="Sweep ROPIM pretraining with Ray Tune (+ Optuna); each trial is a Ray Train run.",
+                       epilog=f"sweep presets:\n{lines}")
+    action = preset_action({"--preset": PRESETS, "--pretrain-preset": ROPIM_PRESETS / "pretrain"})
+    p.add_argument("--config", "--preset", "--pretrain-config", "--pretrain-preset", action=action,
+                   help="sweep (--preset NAME, --config FILE) or pretraining (--pretrain-preset NAME, "
+                        "--pretrain-config FILE) settings; default preset rho_ablation; applied where they stand")
+    p.add_argument("--resume", type=str | None, default=None,
+                   help="continue the sweep NAME (under --storage-path) with its stored config; other flags ignored")
+    p.add_argument("--preset_name", "--preset-name", type=str, default="rho_ablation",
+                   help="the preset's name, recorded with the sweep (set by the preset files)")
+    p.add_argument("--search", type=Literal[SEARCHES], default="grid", help="grid, or tpe (Optuna)")
+    p.add_argument("--space", type=dict | None, default=None,
+                   help='search space as JSON, e.g. \'{"rho": {"grid": [0.1, 0.3]}}\' (kinds grid, choice, uniform, '
+                        "loguniform over any pretraining field)")
+    p.add_argument("--metric", type=Literal[tuple(METRICS)], default="knn_top1", help="the objective on the val split")
+    p.add_argument("--scheduler", type=Literal[SCHEDULERS], default="none", help="none, or asha (early stopping)")
+    p.add_argument("--grace_period", "--grace-period", type=int, default=1, help="ASHA: epochs before a stop")
+    p.add_argument("--reduction_factor", "--reduction-factor", type=int, default=2, help="ASHA")
+    p.add_argument("--num_samples", "--num-samples", type=int, default=1,
+                   help="TPE: trials; grid: seeds per grid point")
+    p.add_argument("--max_concurrent", "--max-concurrent", type=int | None, default=None,
+                   help="trials at once (default: as many as the cluster's CPUs fit)")
+    p.add_argument("--search_seed", "--search-seed", type=int, default=0, help="TPE sampler seed")
+    p.add_argument("--name", type=str | None, default=None,
+                   help="sweep name (folder under --storage-path, parent MLflow run name)")
+    p.add_argument("--storage_path", "--storage-path", type=str, default="ray_results",
+                   help="where Tune and Train state go (a folder or s3://…)")
+    p.add_argument("--experiment", type=str, default="ropim-sweep", help="MLflow experiment of the sweep's runs")
+    p.add_argument("--register", type=bool, default=True, help="register the best encoder (champion rule)")
+    p.add_argument("--no-register", "--no_register", dest="register", action="store_false",
+                   help="do not register the best encoder")
+    p.add_argument("--num_workers", "--workers-per-trial", "--workers_per_trial", type=int, default=2,
+                   help="Ray Train workers per trial")
+    p.add_argument("--cpus_per_worker", "--cpus-per-worker", type=float, default=1.0, help="CPUs per Train worker")
+    p.add_class_arguments(PretrainConfig, nested_key=None, as_group=False, skip=NOT_PRETRAIN_FLAGS)
+    return p
+
+
+def config_from_namespace(ns: Namespace) -> SweepConfig:
+    """The sweep config from the parsed (instantiated) flags; ``--resume NAME`` loads the stored one."""
+    if ns.resume:
+        from ropim.errors import ConfigError
+        from ropim.tracking.runs import read_run_meta
+
+        meta = read_run_meta(ns.storage_path, ns.resume)
+        if meta is None:
+            raise ConfigError(f"--resume {ns.resume}: no sweep of that name under --storage-path {ns.storage_path}")
+        return SweepConfig.from_dict(meta["config"])
+    pretrain_names = {f.name for f in fields(PretrainConfig)}
+    pretrain = PretrainConfig(**{k: v for k, v in ns.items() if k in pretrain_names})
+    sweep = {f.name: ns[f.name] for f in fields(SweepConfig) if f.name not in ("pretrain", "space") and f.name in ns}
+    return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict())
+
+
+def config_from_args(argv: list[str]) -> SweepConfig:
+    """The sweep config of a command line (without running anything)."""
+    p = parser()
+    return config_from_namespace(p.instantiate(p.parse_args(argv)))
+
+
+def run(ns: Namespace) -> None:
+    """Run (or continue) the sweep the flags describe."""
+    from tune.driver import run_sweep
+
+    run_sweep(config_from_namespace(ns))
+
+
+class SweepCommand:
+    """``ropim sweep`` as a ``ropim.commands`` entry point."""
+
+    help = HELP
+
+    @staticmethod
+    def parser() -> ArgumentParser:
+        return parser()
+
+    @staticmethod
+    def run(ns: Namespace) -> None:
+        run(ns)
+
+    @staticmethod
+    def presets() -> dict[str, Path]:
+        return shipped_presets(PRESETS)
+
+
+COMMAND = SweepCommand()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tune.sweep`` / ``jobs/sweep.py``: the same flags as ``ropim sweep``."""
+    p = parser()
+    try:
+        run(p.instantiate(p.parse_args(list(sys.argv[1:] if argv is None else argv))))
+    except ERRORS as err:
+        raise SystemExit(f"ropim sweep: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

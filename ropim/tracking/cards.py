@@ -1,0 +1,36 @@
+"""A registered model's card: its config, scores (with protocol and data set), lineage and the two ways to load it.
+Written as the version's MLflow description when it is registered, and shown by ``ropim models show``."""
+
+from __future__ import annotations
+
+
+def scores(tags: dict[str, str]) -> dict[str, str]:
+    """The version's scores with their protocol and data set: the sweep metric and every downstream score."""
+    out = {}
+    if "metric" in tags and "metric_value" in tags:
+        out[f"{tags['metric']} on {tags.get('metric_dataset', '?')}"] = f"{float(tags['metric_value']):.2f}"
+    for k, v in sorted(tags.items()):
+        if k.startswith("downstream."):
+            _, dataset, metric = k.split(".", 2)
+            protocol = {"top1": "fine-tune top-1", "linear_top1": "linear-probe top-1",
+                        "knn_top1": "kNN top-1"}.get(metric, metric)
+            out[f"{protocol} on {dataset}"] = v
+    return out
+
+
+def card(name: str, version: str, config: dict, tags: dict[str, str], lineage: dict[str, list[str]]) -> str:
+    """A registered encoder's model card: what it is, its scores, where it came from, how to load it."""
+    uri = f"models:/{name}/{version}"
+    keys = ("backbone", "width", "arch", "img_size", "patch_size", "depth", "corruption", "rho", "mask_ratio", "loss",
+            "epochs", "dataset")
+    lines = [f"# {name} v{version}", "", "## Config", ""]
+    lines += [f"- {k}: {config[k]}" for k in keys if config.get(k) is not None]
+    lines += ["", "## Scores", ""] + ([f"- {k}: {v}" for k, v in scores(tags).items()] or ["- none yet"])
+    lines += ["", "## Lineage", ""] + [f"- {k}: {', '.join(v) if v else '—'}" for k, v in lineage.items()]
+    lines += ["", "## Load", "", "```python",
+              "from ropim.tracking.registry import load_encoder",
+              f'encoder, config = load_encoder("{uri}")  # a plain timm model, with ropim',
+              "import mlflow",
+              f'features = mlflow.pyfunc.load_model("{uri}").predict(images)  # without ropim (torch, timm)',
+              "```"]
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""The registry from the terminal: `ropim models list` and `show` on a registry with two versions and an alias, and
+the model card every version carries as its MLflow description."""
+
+from __future__ import annotations
+
+import pytest
+from support import register_tiny_encoder, run_cli
+
+from ropim.tracking import registry, store
+from ropim.tracking.champion import promote_champion
+
+
+@pytest.fixture(scope="module")
+def two_versions(workdir):
+    first, _ = register_tiny_encoder(workdir)
+    second, _ = register_tiny_encoder(workdir)
+    promote_champion("ropim-encoder", "2", "knn_top1@k=20", "digits", 61.5)
+    registry.describe("ropim-encoder", "2")
+    store.client().set_model_version_tag("ropim-encoder", "1", "downstream.digits.top1", "93.10")
+    registry.describe("ropim-encoder", "1")
+    return first, second
+
+
+def test_models_list_shows_every_version_its_scores_and_aliases(two_versions, workdir):
+    proc = run_cli("models", "list", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    header, *rows = proc.stdout.strip().splitlines()
+    assert header.split()[:3] == ["version", "created", "run"] and len(rows) == 2
+    v2, v1 = rows  # newest first
+    assert v2.split()[0] == "2" and "knn_top1@k=20 on digits 61.50" in v2 and "champion, champion-digits" in v2
+    assert v1.split()[0] == "1" and "fine-tune top-1 on digits 93.10" in v1
+    assert "digits" in v1 and "rop" in v1 and "vit" in v1
+    assert "no registered versions of 'nope'" in run_cli("models", "list", "--name", "nope", cwd=workdir).stdout
+
+
+def test_models_show_prints_the_card_with_lineage_and_how_to_load(two_versions, workdir):
+    proc = run_cli("models", "show", "models:/ropim-encoder@champion", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("aliases: champion, champion-digits") and "# ropim-encoder v2" in out
+    assert "- backbone: vit" in out and "- patch_size: 4" in out and "- knn_top1@k=20 on digits: 61.50" in out
+    assert f"- pretraining run: {store.client().get_model_version('ropim-encoder', '2').run_id}" in out
+    assert 'load_encoder("models:/ropim-encoder/2")' in out
+    assert 'mlflow.pyfunc.load_model("models:/ropim-encoder/2")' in out
+    bad = run_cli("models", "show", "models:/ropim-encoder@nope", cwd=workdir)
+    assert bad.returncode != 0 and "no alias 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_every_version_carries_its_card_as_description(two_versions):
+    c = store.client()
+    for version in ("1", "2"):
+        description = c.get_model_version("ropim-encoder", version).description
+        assert description.startswith(f"# ropim-encoder v{version}") and "## Scores" in description
+        assert f'load_encoder("models:/ropim-encoder/{version}")' in description
+    assert "fine-tune top-1 on digits: 93.10" in c.get_model_version("ropim-encoder", "1").description
