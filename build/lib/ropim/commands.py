@@ -1,0 +1,150 @@
+"""What each ``ropim`` subcommand runs, given its parsed flags. Configs are validated, the tracking store reached and
+encoder URIs checked before torch, Ray or MLflow-heavy modules are imported, so bad input fails in a fraction of a
+second."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jsonargparse import Namespace
+
+from ropim.errors import ConfigError
+
+
+def config(ns: Namespace, cls: type):
+    """Build ``cls`` from a subcommand namespace (the config-file and extra flags dropped)."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in ns.items() if k in names})
+
+
+def run_presets(listed: dict[str, object]) -> None:
+    """``ropim presets``: every shipped preset ({"command/name": path}) with the first line of its file."""
+    for name, path in listed.items():
+        print(f"{name:<28} {path.read_text().splitlines()[0].lstrip('# ')}")
+
+
+def run_data(ns: Namespace) -> None:
+    """``ropim data convert|inspect``."""
+    from ropim.data.config import DataConfig
+
+    if ns.action is None:
+        raise ConfigError("ropim data: choose convert or inspect (see `ropim data --help`)")
+    args = ns[ns.action]
+    cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
+                     split_seed=args.split_seed, on_bad_image=args.on_bad_image)
+    if ns.action == "convert":
+        from ropim.data.convert import convert
+
+        rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+        images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
+        print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
+              f"bad images skipped {rep.bad_images}")
+    else:
+        from ropim.data.inspect import format_summary, inspect_source
+
+        print(format_summary(inspect_source(cfg, args.sample)))
+
+
+def preflight(cfg, encoders: list[str] = ()):
+    """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
+    imported; return ``cfg``."""
+    from ropim.tracking.uri import check_tracking, tracking_uri
+
+    cfg.validate()
+    check_tracking(tracking_uri())
+    if encoders:
+        from ropim.tracking.registry import check_model_uri
+
+        for uri in encoders:
+            check_model_uri(uri)
+    return cfg
+
+
+def run_models(ns: Namespace) -> None:
+    """``ropim models list|show``."""
+    from ropim.tracking.uri import check_tracking, tracking_uri
+
+    if ns.action is None:
+        raise ConfigError("ropim models: choose list or show (see `ropim models --help`)")
+    check_tracking(tracking_uri())
+    from ropim.tracking import catalog
+
+    args = ns[ns.action]
+    print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))
+
+
+def run_pretrain(ns: Namespace) -> None:
+    from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+
+    cfg = config(ns, PretrainConfig)
+    if ns.resume:
+        from ropim.train.pretrain import resume_config
+
+        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
+    preflight(cfg)
+    from ropim.train.pretrain import pretrain
+
+    result = pretrain(cfg)
+    print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
+
+
+def run_finetune(ns: Namespace) -> None:
+    from ropim.train.config import FinetuneConfig
+
+    cfg = config(ns, FinetuneConfig)
+    preflight(cfg, [cfg.encoder])
+    from ropim.train.finetune import finetune
+
+    metrics = finetune(cfg)
+    if "top1" in metrics:
+        print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
+              f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
+
+
+def run_probe(ns: Namespace) -> None:
+    from ropim.flows.config import ProbeConfig
+
+    cfg = config(ns, ProbeConfig)
+    preflight(cfg, [cfg.encoder])
+    from ropim.flows.probe import probe
+
+    r = probe(cfg)
+    print(f"linear top-1 {r['linear']['top1']:.2f}% top-5 {r['linear']['top5']:.2f}%  "
+          f"kNN top-1 {r['knn']['top1']:.2f}% top-5 {r['knn']['top5']:.2f}%  (MLflow run {r['run_id']})")
+
+
+def run_transfer(ns: Namespace) -> None:
+    from ropim.flows.config import TransferConfig
+
+    cfg = config(ns, TransferConfig)
+    preflight(cfg, cfg.encoder_list)
+    from ropim.flows.transfer import transfer
+
+    transfer(cfg)
+
+
+def run_demo(ns: Namespace) -> None:
+    from ropim.flows.config import DemoConfig
+
+    cfg = preflight(config(ns, DemoConfig))
+    from ropim.flows.demo import run_demo as demo
+
+    demo(cfg)
+
+
+def run_viz(ns: Namespace) -> None:
+    from ropim.viz.config import VizConfig
+
+    cfg = config(ns, VizConfig).validate()
+    from ropim.viz.command import describe
+    from ropim.viz.command import run_viz as viz
+
+    print(describe(viz(cfg)))
+
+
+RUNNERS: dict[str, Callable[[Namespace], None]] = {
+    "pretrain": run_pretrain, "finetune": run_finetune, "probe": run_probe, "transfer": run_transfer,
+    "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
+}
