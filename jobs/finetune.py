@@ -8,4 +8,4 @@ import sys
 from ropim.cli import main
 
 if __name__ == "__main__":
-    main(["finetune", *sys.argv[1:]])
+    main(["finetune", *sys.argv[1:]], quiet=True)

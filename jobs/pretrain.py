@@ -8,4 +8,4 @@ import sys
 from ropim.cli import main
 
 if __name__ == "__main__":
-    main(["pretrain", *sys.argv[1:]])
+    main(["pretrain", *sys.argv[1:]], quiet=True)

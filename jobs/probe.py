@@ -5,4 +5,4 @@ import sys
 from ropim.cli import main
 
 if __name__ == "__main__":
-    main(["probe", *sys.argv[1:]])
+    main(["probe", *sys.argv[1:]], quiet=True)

@@ -8,4 +8,4 @@ import sys
 from tune.sweep import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], quiet=True)

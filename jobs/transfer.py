@@ -5,4 +5,4 @@ import sys
 from ropim.cli import main
 
 if __name__ == "__main__":
-    main(["transfer", *sys.argv[1:]])
+    main(["transfer", *sys.argv[1:]], quiet=True)

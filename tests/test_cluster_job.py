@@ -44,7 +44,7 @@ def test_ray_job_submit_pretrain_is_tracked_by_mlflow_server(cluster):
         str(ray_bin), "job", "submit", "--address", f"http://127.0.0.1:{PORTS['DASH_PORT']}",
         "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"env_vars": {"MLFLOW_TRACKING_URI": tracking}}),
         "--", sys.executable, "jobs/pretrain.py", "--preset", "digits_demo", "--model.depth", "1", "--epochs", "1",
-        "--max_steps_per_epoch", "2", "--global_batch_size", "16", "--num_workers", "2", "--cpus_per_worker", "0.5",
+        "--max_steps_per_epoch", "2", "--global_batch_size", "16", "--num_workers", "0",
         "--run_name", "submitted",
     ]
     proc = subprocess.run(cmd, env={**cluster, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=400)

@@ -41,7 +41,7 @@ def test_transfer_table_over_encoders(workdir, encoder):
     other = encoder_folder(workdir / "enc-other", seed=1)
     out = workdir / "transfer"
     res = transfer(TransferConfig(encoders=f"{uri},{other}", data="digits", mode="probe",
-                                  probe=ProbeConfig(), out=str(out)))
+                                  probe=ProbeConfig(linear_max_iter=200), out=str(out)))
     assert [r["encoder_label"] for r in res["rows"]] == ["ropim-encoder v1", str(other)]
     md = (out / "transfer.md").read_text()
     assert "| encoder | digits | mean |" in md and "| ropim-encoder v1 |" in md and "kNN (k=20)" in md

@@ -1,8 +1,55 @@
-"""What a person sees on the terminal: ``ropim.*`` progress lines on stderr."""
+"""What a person sees on the terminal: ``ropim.*`` progress lines, without the libraries' internal chatter.
+
+``quiet_console()`` (called by the ``ropim`` command before Ray or MLflow is imported) drops Ray's per-worker
+``(RayTrainWorker pid=…)`` prefix, keeps MLflow's and Ray's own loggers at WARNING, and filters the few lines Ray
+and MLflow print about their internals that say nothing about the user's job (``NOISE``). Everything else —
+every warning and error about the job — passes through.
+"""
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import re
+import sys
+
+# Lines about Ray's / MLflow's own machinery, not the user's job (each seen in `make demo` output):
+NOISE = re.compile("|".join((
+    r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'",  # Train V2's controller, max_restarts > 0
+    r"Failed to query Ray Train Controller actor state",  # placement-group cleaner without the state API
+    r"Failed to infer model signature",  # MLflow, for models logged without an input example
+    r"Token authentication is enabled",  # ray.init's notice on a local head
+    r"Reporting training result \d+",  # Ray Train's per-report INFO line
+)))
+
+
+class NoiseFilter(io.TextIOBase):
+    """A text stream that writes whole lines to ``stream`` unless they match ``NOISE``."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if not NOISE.search(line):
+                self.stream.write(line + "\n")
+        self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not NOISE.search(self.pending):
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
 
 
 def ensure_logging() -> None:
@@ -14,3 +61,16 @@ def ensure_logging() -> None:
         logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
+
+
+def quiet_console() -> None:
+    """Readable output for a ``ropim`` command: before Ray is imported, no per-worker prefixes; MLflow's and Ray's
+    loggers at WARNING; ``NOISE`` lines filtered from this process's stdout and stderr."""
+    os.environ.setdefault("RAY_DISABLE_WORKER_LOG_PREFIX", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow configures its loggers
+    for name in ("ray", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if not isinstance(sys.stdout, NoiseFilter):
+        sys.stdout, sys.stderr = NoiseFilter(sys.stdout), NoiseFilter(sys.stderr)
+    ensure_logging()
