@@ -53,6 +53,7 @@ def preflight(cfg, encoders: list[str] = ()):
     from ropim.tracking.uri import check_tracking, tracking_uri
 
     cfg.validate()
+    cfg.check_resources()
     check_tracking(tracking_uri())
     if encoders:
         from ropim.tracking.registry import check_model_uri

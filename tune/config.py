@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ropim.checks import COUNT, SEED, Range, check_fields, check_run_name
 from ropim.errors import ConfigError
 from tune.spaces import max_value, n_grid_points, validate_space
 
@@ -62,8 +63,9 @@ class SweepConfig:
             raise ConfigError(f"scheduler={self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
         if self.metric not in METRICS:
             raise ConfigError(f"metric={self.metric!r}: choose one of {', '.join(METRICS)}")
-        if self.num_samples < 1 or (self.max_concurrent is not None and self.max_concurrent < 1):
-            raise ConfigError("--num-samples and --max-concurrent must be ≥ 1")
+        check_fields(self, {"num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
+                            "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
+        check_run_name(self.name, "name")
         if self.pretrain.get("num_workers", 1) < 1:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
         validate_space(self.space, self.search, self.pretrain)

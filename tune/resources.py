@@ -17,7 +17,7 @@ import time
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from ropim.tracking.runs import storage_fs
+from ropim.tracking.storage import storage_fs
 from ropim.train.loop import Worker
 from ropim.train.runtime import WorkerFn
 

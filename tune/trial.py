@@ -30,7 +30,8 @@ def trial_driver(config: dict, ctx: dict) -> None:
     tags = {"mlflow.parentRunId": ctx["parent_run_id"], "ropim.kind": "sweep-trial", "ropim.sweep": ctx["sweep"],
             "ropim.trial_id": trial_id, "ropim.trial_config": json.dumps(config)}
     with open_run(experiment=ctx["experiment"], name=cfg.run_name, title=f"{ctx['sweep']}/{trial_id}",
-                  storage_path=storage, config=cfg.to_dict(), tags=tags, uri=uri) as run:
+                  storage_path=storage, config=cfg.to_dict(), tags=tags, uri=uri,
+                  lock=False) as run:  # Tune runs a trial once at a time, possibly on another node after a restart
         loop_config, datasets = loop_inputs(cfg, run.run_id, uri)
         result = fit(functools.partial(record_placement_group, worker_main), loop_config, cfg,
                      callbacks=[TuneReportCallback()], datasets=datasets, storage_path=storage)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ropim.checks import COUNT, Range, check_fields
 from ropim.errors import ConfigError
 
 # arch -> (embed_dim, num_heads) of ViT-T/S/B: the width of either backbone
@@ -74,6 +75,11 @@ class ModelConfig:
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the bad field and its fix."""
+        check_fields(self, {"img_size": COUNT, "patch_size": COUNT, "depth": Range(1, integer=True, optional=True),
+                            "drop_path_rate": Range(0, 1, high_open=True),
+                            "mask_patch_size": Range(1, integer=True, optional=True)}, "model.")
+        if self.in_chans != 3:
+            raise ConfigError(f"model.in_chans={self.in_chans!r}: images are decoded as RGB, so in_chans must be 3")
         if self.arch not in ARCHS:
             raise ConfigError(f"arch={self.arch!r}: unknown architecture; choose one of {', '.join(ARCHS)}")
         if self.backbone not in BACKBONES:

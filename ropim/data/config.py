@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from ropim.checks import COUNT, SEED, check_fields
 from ropim.errors import ConfigError
 
 FORMATS = ("digits", "parquet", "cifar", "imagefolder")
@@ -21,6 +22,7 @@ class DataConfig:
     val_fraction: float = 0.2  # used where the source has no split of its own
     split_seed: int = 0
     on_bad_image: Literal["skip", "fail"] = "skip"
+    max_pixels: int = 25_000_000  # larger images are bad images (a decompression bomb guard; 2× a 12 MP photo)
 
     def validate(self) -> DataConfig:
         """Raise ConfigError naming the bad field or path and its fix (checks the source on disk, cheaply)."""
@@ -28,8 +30,9 @@ class DataConfig:
             raise ConfigError(f"data format={self.format!r}: unknown; choose auto or one of {', '.join(FORMATS)}")
         if self.on_bad_image not in ("skip", "fail"):
             raise ConfigError(f"data on_bad_image={self.on_bad_image!r}: choose skip or fail")
-        if not 0.0 < self.val_fraction < 1.0:
+        if not (isinstance(self.val_fraction, (int, float)) and 0.0 < self.val_fraction < 1.0):
             raise ConfigError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
+        check_fields(self, {"split_seed": SEED, "max_pixels": COUNT}, "data.")
         if not self.source:
             raise ConfigError("data source is empty; give 'digits' or a path to the images")
         from ropim.data.layout import check_source  # pyarrow: only when a config is checked

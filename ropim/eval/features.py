@@ -23,4 +23,9 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
             labels.append(torch.as_tensor(y))
     finally:
         encoder.train(was_training)
-    return torch.cat(feats), torch.cat(labels)
+    features = torch.cat(feats)
+    if not torch.isfinite(features).all():  # a kNN or probe on NaN features still returns a chance-level number
+        bad = int((~torch.isfinite(features)).any(1).sum())
+        raise ValueError(f"the encoder gives non-finite features for {bad} of {len(features)} images: its weights "
+                         "are broken (a diverged run?); nothing can be scored")
+    return features, torch.cat(labels)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from ropim.checks import COUNT, POSITIVE, SEED, Range, check_fields, check_local_resources, check_run_name
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
-from ropim.train.config import FinetuneConfig, PretrainConfig, check_at_least
+from ropim.train.config import FinetuneConfig, PretrainConfig
 
 MODES = ("finetune", "probe")
 
@@ -36,10 +37,15 @@ class ProbeConfig:
     def validate(self) -> ProbeConfig:
         """Raise ConfigError naming the bad field and its fix."""
         self.data.validate()
-        check_at_least(self, ("batch_size", "knn_k", "linear_max_iter"))
-        if self.linear_c <= 0 or self.knn_temperature <= 0:
-            raise ConfigError("linear_c and knn_temperature must be > 0")
+        check_fields(self, {"batch_size": COUNT, "knn_k": COUNT, "linear_max_iter": COUNT, "linear_c": POSITIVE,
+                            "knn_temperature": POSITIVE, "dataloader_workers": Range(0, integer=True), "seed": SEED,
+                            "img_size": Range(1, integer=True, optional=True)})
+        check_run_name(self.run_name)
         return self
+
+    def check_resources(self) -> None:
+        """A GPU, when asked for, is visible."""
+        check_local_resources(0, 1, self.use_gpu, False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +89,10 @@ class TransferConfig:
             cfg.validate()
         return self
 
+    def check_resources(self) -> None:
+        """The cells' workers fit where they will run."""
+        (self.finetune if self.mode == "finetune" else self.probe).check_resources()
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -96,3 +106,8 @@ class DemoConfig:
         self.pretrain.validate()
         self.finetune.validate()
         return self
+
+    def check_resources(self) -> None:
+        """Both parts' workers fit where they will run."""
+        self.pretrain.check_resources()
+        self.finetune.check_resources()

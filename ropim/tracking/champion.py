@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 
 import mlflow
 from mlflow.tracking import MlflowClient
@@ -20,7 +21,7 @@ def dataset_alias(dataset: str, alias: str = CHAMPION) -> str:
     return f"{alias}-{stem or 'data'}-{hashlib.sha1(dataset.encode()).hexdigest()[:6]}"
 
 
-def _challenge(c: MlflowClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
+def challenge(c: MlflowClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
                higher_is_better: bool) -> tuple[bool, str]:
     """Whether ``version`` (``metric`` = ``value`` on ``dataset``) takes ``alias``, and why (one line)."""
     try:
@@ -52,6 +53,12 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
     Each moves only when nobody holds it or the holder was scored on the same metric and dataset and the new
     value is strictly better; a holder from another dataset or metric (or without score tags) keeps it.
     Each decision is stored as a version tag ``alias.<alias>``.
+
+    MLflow has no compare-and-set, so two promotions finishing together could each read the old holder and the
+    worse one set its alias last. Every promotion therefore tags its score first, then ``settle``s: it re-reads and
+    moves each alias to the best version scored on the holder's metric and data set until a pass changes nothing.
+    Whichever promotion writes last has read every score tagged before, so the better encoder ends up holding both
+    aliases.
     """
     c = client(uri)
     version = str(version)
@@ -59,9 +66,57 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
         c.set_model_version_tag(name, version, k, v)
     decisions = {}
     for a in (alias, dataset_alias(dataset, alias)):
-        moved, reason = _challenge(c, name, version, a, metric, dataset, float(value), higher_is_better)
+        moved, reason = challenge(c, name, version, a, metric, dataset, float(value), higher_is_better)
         if moved:
-            c.set_registered_model_alias(name, a, version)
+            set_alias(c, name, a, version)
         decisions[a] = (moved, reason)
         c.set_model_version_tag(name, version, f"alias.{a}", ("moved here: " if moved else "not moved: ") + reason)
+    settle(c, name, list(decisions), higher_is_better)
     return decisions
+
+
+def set_alias(c: MlflowClient, name: str, alias: str, version: str, tries: int = 5) -> None:
+    """Point ``alias`` at ``version``; retried, since the store may refuse two concurrent writes of one alias (the
+    sqlite store inserts after a read and fails the unique constraint)."""
+    for attempt in range(tries):
+        try:
+            c.set_registered_model_alias(name, alias, version)
+            return
+        except Exception:  # noqa: BLE001 — the store's integrity error surfaces as whatever its driver raises
+            if attempt + 1 == tries:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
+def best_version(c: MlflowClient, name: str, metric: str, dataset: str, higher_is_better: bool) -> str | None:
+    """The version of ``name`` with the best ``metric`` on ``dataset`` (ties: the earliest version), or None."""
+    sign = 1 if higher_is_better else -1
+    scored = [v for v in c.search_model_versions(f"name='{name}'")
+              if (v.tags or {}).get("metric") == metric and v.tags.get("metric_dataset") == dataset
+              and v.tags.get("metric_value") is not None]
+    if not scored:
+        return None
+    return str(max(scored, key=lambda v: (sign * float(v.tags["metric_value"]), -int(v.version))).version)
+
+
+def settle(c: MlflowClient, name: str, aliases: list[str], higher_is_better: bool, pause_s: float = 0.2,
+           max_passes: int = 20) -> None:
+    """Move each alias to the best version on its holder's metric and data set until a pass changes nothing (a
+    holder without score tags, set by hand, keeps its alias)."""
+    for _ in range(max_passes):
+        changed = False
+        for a in aliases:
+            try:
+                holder = c.get_model_version_by_alias(name, a)
+            except mlflow.exceptions.MlflowException:
+                continue
+            tags = holder.tags or {}
+            if not {"metric", "metric_dataset", "metric_value"} <= set(tags):
+                continue
+            best = best_version(c, name, tags["metric"], tags["metric_dataset"], higher_is_better)
+            if best is not None and best != str(holder.version):
+                set_alias(c, name, a, best)
+                changed = True
+        if not changed:
+            return
+        time.sleep(pause_s)

@@ -19,11 +19,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow.fs as pafs
 
 from ropim.errors import ConfigError
+from ropim.tracking.lock import acquire, release
+from ropim.tracking.storage import storage_fs
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
 
 RUN_META = "ropim_run.json"
@@ -32,13 +33,6 @@ RUN_META = "ropim_run.json"
 def default_run_name(prefix: str) -> str:
     """``<prefix>-<YYYYmmdd-HHMMSS>-<4 hex>``: unique even for jobs started in the same second."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def storage_fs(storage_path: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, root path) for a local folder or any URI pyarrow understands (s3://, gs://, …)."""
-    if "://" in storage_path:
-        return pafs.FileSystem.from_uri(storage_path)
-    return pafs.LocalFileSystem(), str(Path(storage_path).absolute())
 
 
 def read_run_meta(storage_path: str, name: str) -> dict | None:
@@ -80,6 +74,7 @@ class Run:
     meta: dict = field(default_factory=dict)
     tags: dict = field(default_factory=dict)  # the MLflow run's tags when it was opened
     outcome: str = "FINISHED"
+    lock: str | None = None  # the run folder's lock this job holds (``ropim.tracking.lock``)
 
     def stop(self) -> None:
         """End this job's part of the run on purpose (KILLED); re-running the same name continues it."""
@@ -95,21 +90,43 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            end_run(self.run_id, "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED", self.tracking_uri)
-        elif not self.finished:
-            end_run(self.run_id, self.outcome, self.tracking_uri)
+        try:
+            if exc_type is not None:
+                status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+                end_run(self.run_id, status, self.tracking_uri)
+            elif not self.finished:
+                end_run(self.run_id, self.outcome, self.tracking_uri)
+        finally:
+            if self.lock is not None:
+                release(self.lock)
 
 
 def open_run(*, experiment: str, name: str, config: dict, storage_path: str | None = None, title: str | None = None,
              resumable: tuple[str, ...] = (), tags: dict | None = None, params: dict | None = None,
              config_artifact: str | None = None, uri: str | None = None,
-             normalize: Callable[[dict], dict] | None = None) -> Run:
+             normalize: Callable[[dict], dict] | None = None, lock: bool = True) -> Run:
     """Open run ``name``: continue the one stored under ``storage_path`` (same config but ``resumable`` fields,
     else ConfigError naming the changed fields), or create a new MLflow run named ``title`` (default ``name``)
     with ``params`` (default: ``config``) flattened, ``tags``, and the config as JSON at ``config_artifact``.
-    ``normalize`` brings a stored config to the current form (fields added since get their defaults)."""
+    ``normalize`` brings a stored config to the current form (fields added since get their defaults). A named run
+    is locked (``lock``) while it is open: a second job of the same name gets one clear error."""
     uri = uri or tracking_uri()
+    held = acquire(storage_path, name) if storage_path is not None and lock else None
+    try:
+        run = open_locked(experiment, name, config, storage_path, title, resumable, tags, params, config_artifact,
+                          uri, normalize)
+    except BaseException:
+        if held is not None:
+            release(held)
+        raise
+    run.lock = held
+    return run
+
+
+def open_locked(experiment: str, name: str, config: dict, storage_path: str | None, title: str | None,
+                resumable: tuple[str, ...], tags: dict | None, params: dict | None, config_artifact: str | None,
+                uri: str, normalize: Callable[[dict], dict] | None) -> Run:
+    """``open_run`` once the run is locked."""
     meta = read_run_meta(storage_path, name) if storage_path is not None else None
     if meta is None:
         run_id = create_run(experiment, title or name, config if params is None else params, tags, uri)

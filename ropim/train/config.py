@@ -5,6 +5,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ropim.checks import (
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    SHARE,
+    Range,
+    check_fields,
+    check_local_resources,
+    check_run_name,
+)
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
@@ -37,6 +48,7 @@ class LoopConfig:
     max_steps_per_epoch: int | None = None
     eval_every: int = 0  # 0 = never
     log_every: int = 10
+    max_skipped_steps: int = 100  # fp16: consecutive steps the grad scaler may skip before the run stops
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
@@ -51,19 +63,23 @@ class LoopConfig:
         return epoch == last_epoch or epoch % self.checkpoint_every == 0
 
 
+# rules every training job shares (LoopConfig's fields and where the job runs)
+LOOP_RULES = {
+    "epochs": COUNT, "base_lr": POSITIVE, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE, "clip_grad": Range(0, low_open=True, optional=True),
+    "num_workers": Range(0, integer=True),
+    "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT, "keep_checkpoints": COUNT,
+    "max_failures": Range(-1, integer=True), "stop_after_epochs": Range(1, integer=True, optional=True),
+    "max_steps_per_epoch": Range(1, integer=True, optional=True), "log_every": COUNT, "max_skipped_steps": COUNT,
+}
+
+
 def check_precision(precision: str, use_gpu: bool) -> None:
     """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and not use_gpu:
         raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
-
-
-def check_at_least(cfg: object, names: tuple[str, ...], low: int = 1) -> None:
-    """Raise ConfigError for the first of ``names`` whose value is below ``low``."""
-    for name in names:
-        if getattr(cfg, name) < low:
-            raise ConfigError(f"{name}={getattr(cfg, name)}: must be ≥ {low}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,8 @@ class PretrainConfig:
     max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
     stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (resume later)
     max_steps_per_epoch: int | None = None  # cap for smoke runs
+    max_skipped_steps: int = 100  # fp16: more consecutive steps skipped by the grad scaler stop the run
+    wait_for_resources: bool = False  # wait for GPUs / CPUs the (local) cluster lacks instead of failing
     eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
     eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
     viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
@@ -106,22 +124,26 @@ class PretrainConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
         self.model.validate()
         self.data.validate()
-        check_at_least(self, ("epochs", "global_batch_size", "accum_steps", "keep_checkpoints"))
-        check_at_least(self, ("num_workers",), 0)
+        check_fields(self, {**LOOP_RULES, "global_batch_size": COUNT, "accum_steps": COUNT,
+                            "beta2": Range(0, 1, high_open=True), "eval_every": Range(0, integer=True),
+                            "viz_every": Range(0, integer=True), "knn_k": COUNT})
+        check_run_name(self.run_name)
         workers = max(1, self.num_workers)
         if self.global_batch_size % (workers * self.accum_steps):
             raise ConfigError(
                 f"global_batch_size={self.global_batch_size} is not divisible by num_workers={self.num_workers} "
                 f"× accum_steps={self.accum_steps}"
             )
-        if self.base_lr <= 0:
-            raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
         check_precision(self.precision, self.use_gpu)
         if self.ingest not in INGESTS:
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
             raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
         return self
+
+    def check_resources(self) -> None:
+        """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
+        check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
     @property
     def lr(self) -> float:
@@ -135,7 +157,7 @@ class PretrainConfig:
             min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
             clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
             stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
-            eval_every=self.eval_every, log_every=self.log_every)
+            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -184,6 +206,8 @@ class FinetuneConfig:
     max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
     stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (re-run continues)
     max_steps_per_epoch: int | None = None  # cap for smoke runs
+    max_skipped_steps: int = 100  # fp16: more consecutive steps skipped by the grad scaler stop the run
+    wait_for_resources: bool = False  # wait for GPUs / CPUs the (local) cluster lacks instead of failing
     log_every: int = 20  # steps between progress lines
     experiment: str = "ropim-finetune"
     run_name: str | None = None
@@ -193,27 +217,28 @@ class FinetuneConfig:
     def validate(self) -> FinetuneConfig:
         """Raise ConfigError naming the bad field and its fix."""
         self.data.validate()
-        check_at_least(self, ("epochs", "batch_size", "keep_checkpoints", "eval_every", "checkpoint_every",
-                              "log_every"))
-        if self.num_workers < 0:
-            raise ConfigError(f"num_workers={self.num_workers}: must be ≥ 0 (0 = in this process, no Ray)")
+        check_fields(self, {**LOOP_RULES, "batch_size": COUNT, "eval_every": COUNT,
+                            "layer_decay": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
+                            "label_smoothing": Range(0, 1, high_open=True), "mixup": NON_NEGATIVE,
+                            "cutmix": NON_NEGATIVE, "reprob": SHARE, "crop_scale_min": Range(0, 1, low_open=True),
+                            "hflip": SHARE, "dataloader_workers": Range(0, integer=True),
+                            "img_size": Range(1, integer=True, optional=True)})
+        check_run_name(self.run_name)
         workers = max(1, self.num_workers)
         if self.batch_size % workers:
             raise ConfigError(f"batch_size={self.batch_size} is not divisible by num_workers={self.num_workers}")
         if (self.mixup > 0 or self.cutmix > 0) and (self.batch_size // workers) % 2:
             raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
                               f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
-        if not 0 < self.layer_decay <= 1:
-            raise ConfigError(f"layer_decay={self.layer_decay}: must be in (0, 1] (the paper uses 0.65–0.75)")
-        if self.base_lr <= 0:
-            raise ConfigError(f"base_lr={self.base_lr}: must be > 0")
-        if self.img_size is not None and self.img_size <= 0:
-            raise ConfigError(f"img_size={self.img_size}: must be > 0, or null for the encoder's")
         check_precision(self.precision, self.use_gpu)
         if self.num_workers == 0 and "://" in self.storage_path:
             raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
                               "in a local folder; give one, or use num_workers ≥ 1")
         return self
+
+    def check_resources(self) -> None:
+        """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
+        check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
     @property
     def lr(self) -> float:
@@ -231,7 +256,8 @@ class FinetuneConfig:
             kind=self.kind, epochs=self.epochs, global_batch_size=self.batch_size, lr=self.lr, min_lr=self.min_lr,
             warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
             checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
-            max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every)
+            max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
+            max_skipped_steps=self.max_skipped_steps)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -45,7 +45,7 @@ from ropim.train.downstream import (
     tag_version,
 )
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
-from ropim.train.runtime import WorkerFn, fit
+from ropim.train.runtime import WorkerFn, fit, run_dir
 
 log = logging.getLogger("ropim.finetune")
 
@@ -103,7 +103,7 @@ class FinetuneTask:
     def __init__(self, config: dict, worker: Worker) -> None:
         self.config = config["cfg"]
         self.cfg = cfg = FinetuneConfig.from_dict(self.config)
-        self.run_id, self.tracking = config["run_id"], config["tracking_uri"]
+        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
         self.worker = worker
         self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
         self.img_size = cfg.img_size or self.enc_cfg["img_size"]
@@ -200,6 +200,7 @@ def register_result(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: P
 def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, EncoderRef]:
     """Validate ``cfg`` and check the encoder against the data, before any run starts; pin the encoder."""
     cfg.validate()
+    cfg.check_resources()
     ref, _ = resolve_encoder(cfg.encoder, tracking)
     data = cfg.data.resolved()
     img_size = cfg.img_size or ref.config["img_size"]
@@ -232,7 +233,8 @@ def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[
         source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
         print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at "
               f"{cfg.img_size or ref.config['img_size']}px, MLflow run {run.run_id}", flush=True)
-        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking}, cfg)
+        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
+                                 "run_dir": run_dir(cfg)}, cfg)
         extra = {}
         if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
             with result.checkpoint_dir() as folder:

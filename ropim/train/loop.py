@@ -31,6 +31,7 @@ from timm.scheduler import CosineLRScheduler
 
 from ropim.train.checkpoint import load_checkpoint, save_checkpoint
 from ropim.train.config import LoopConfig
+from ropim.train.guard import Diverged, StepGuard, write_stop
 
 log = logging.getLogger("ropim.train")
 
@@ -95,6 +96,7 @@ class Task(Protocol):
 
     loss_name: str  # the epoch's mean-loss metric: "loss" (pretraining) or "train_loss" (fine-tuning)
     config: dict  # the job's config, stored in every checkpoint as config.json
+    run_dir: str  # the run's folder (local path or URI): where a stop is recorded (``ropim.train.guard``)
 
     def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """The model on ``worker.device`` (identical on every rank) and its optimizer."""
@@ -117,21 +119,6 @@ class Task(Protocol):
 
     def checkpoint_extra(self) -> dict:
         """JSON-able extras stored in the checkpoint's metrics.json (e.g. the last confusion matrix)."""
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-                   params: Callable[[], Iterator[torch.nn.Parameter]], clip_grad: float | None) -> None:
-    """One optimizer step on the accumulated gradients: unscale (fp16), clip to ``clip_grad``, step, zero."""
-    if scaler:
-        scaler.unscale_(optimizer)
-    if clip_grad:
-        torch.nn.utils.clip_grad_norm_(params(), clip_grad)
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass
@@ -171,6 +158,7 @@ class Loop:
                                            warmup_lr_init=cfg.min_lr, t_in_epochs=False)
         self.scheduler.step_update(self.step)
         self.amp_dtype = autocast_dtype(cfg.precision)
+        self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, cfg.precision)
 
     @property
     def lr(self) -> float:
@@ -195,7 +183,9 @@ class Loop:
                         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                     tally.loss_sum += loss.detach().float() / cfg.accum_steps
                     tally.images += n
-                optimizer_step(self.optimizer, self.scaler, self.model.parameters, cfg.clip_grad)
+                self.guard.step(self.optimizer, self.scaler, self.model.parameters,
+                                lambda norm, loss=loss: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm "
+                                                        f"{norm:.4g}, loss {loss.item():.4g} at lr {self.lr:.3g}")
                 self.step += 1
                 tally.steps += 1
                 self.scheduler.step_update(self.step)
@@ -235,26 +225,36 @@ class Loop:
         last_epoch = cfg.last_epoch(self.start_epoch)
         unrecorded: list[dict] = []
         for epoch in range(self.start_epoch, last_epoch):
-            seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
-            self.ddp_model.train()
-            tally = self.train_epoch(epoch)
-            metrics = {**self.epoch_stats(tally), "lr": self.lr, "epoch": epoch + 1, "step": self.step}
-            if cfg.evaluates(epoch + 1, last_epoch):
-                metrics |= self.task.evaluate(self.model, epoch + 1)
-            if worker.rank == 0:
-                self.task.epoch_end(self.model, metrics)
-            unrecorded.append(metrics)
-            with tempfile.TemporaryDirectory() as tmp:
-                folder = None
-                if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
-                    folder = Path(tmp)
-                    save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
-                    (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
-                worker.report(metrics, folder)
-            if folder is not None:
-                self.task.record(unrecorded)
+            try:
+                self.run_epoch(epoch, last_epoch, unrecorded)
+            except Diverged as err:  # every rank sees the same all-reduced gradients, so all stop here
+                if worker.rank == 0:
+                    write_stop(self.task.run_dir, str(err), epoch + 1, self.step)
+                return
             if cfg.checkpoints(epoch + 1, last_epoch):
-                unrecorded = []
+                unrecorded.clear()
+
+    def run_epoch(self, epoch: int, last_epoch: int, unrecorded: list[dict]) -> None:
+        """One epoch: train, evaluate when due, report (with a checkpoint when due), record."""
+        cfg, worker = self.cfg, self.worker
+        seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
+        self.ddp_model.train()
+        tally = self.train_epoch(epoch)
+        metrics = {**self.epoch_stats(tally), "lr": self.lr, "epoch": epoch + 1, "step": self.step}
+        if cfg.evaluates(epoch + 1, last_epoch):
+            metrics |= self.task.evaluate(self.model, epoch + 1)
+        if worker.rank == 0:
+            self.task.epoch_end(self.model, metrics)
+        unrecorded.append(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = None
+            if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
+                folder = Path(tmp)
+                save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
+                (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
+            worker.report(metrics, folder)
+        if folder is not None:
+            self.task.record(unrecorded)
 
 
 def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:

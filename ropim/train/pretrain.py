@@ -32,7 +32,7 @@ from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.loop import EpochData, Worker, train, worker_seed
-from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session
+from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir
 
 log = logging.getLogger("ropim.train")
 
@@ -78,7 +78,7 @@ class PretrainTask:
     def __init__(self, config: dict, worker: Worker) -> None:
         self.config = config["cfg"]
         self.cfg = PretrainConfig.from_dict(self.config)
-        self.run_id, self.tracking = config["run_id"], config["tracking_uri"]
+        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
         self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
         self.rank, self.device = worker.rank, worker.device
         self.viz_imgs = None
@@ -154,7 +154,7 @@ def worker_main(config: dict, worker: Worker) -> None:
 def loop_inputs(cfg: PretrainConfig, run_id: str, tracking_uri: str) -> tuple[dict, dict | None]:
     """(the workers' config, the Ray datasets) of a pretraining job; Ray must be up for ``ingest=ray_data``."""
     loop_config = {"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri,
-                   "n_train": count_images(cfg.data, "train")}
+                   "n_train": count_images(cfg.data, "train"), "run_dir": run_dir(cfg)}
     if cfg.ingest != "ray_data":
         return loop_config, None
     from ropim.data.ingest import build_ray_dataset, new_bad_image_counter
@@ -202,6 +202,7 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     """Validate, train (or continue) the run, register the final encoder; return its URI and the run id."""
     ensure_logging()
     cfg.validate()
+    cfg.check_resources()
     n_train = count_images(cfg.data, "train")
     if n_train < cfg.global_batch_size:
         raise ConfigError(f"global_batch_size={cfg.global_batch_size} exceeds the training split ({n_train} images)")

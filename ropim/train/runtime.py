@@ -20,6 +20,7 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.guard import Diverged, take_stop
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -188,8 +189,26 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
     )
 
 
+def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
+    """The run's folder (a URI, or an absolute local path: workers may run in another folder)."""
+    storage = storage_path or job.storage_path
+    return f"{storage if '://' in storage else Path(storage).absolute()}/{job.run_name}"
+
+
 def fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, **trainer_kwargs) -> FitResult:
-    """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0."""
+    """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0; raise ``Diverged`` when
+    the loop stopped on a non-finite loss (``ropim.train.guard``)."""
+    folder = loop_config["run_dir"]
+    take_stop(folder)  # a stop recorded by an earlier job of this run is history
+    result = run_fit(fn, loop_config, job, **trainer_kwargs)
+    stop = take_stop(folder)
+    if stop is not None:
+        raise Diverged(stop["message"])
+    return result
+
+
+def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, **trainer_kwargs) -> FitResult:
+    """``fit`` without the divergence check."""
     if job.num_workers == 0:
         gpu_or_cpu(job.use_gpu)
         worker = LocalWorker(Path(job.storage_path).absolute() / job.run_name / "in_process", job.keep_checkpoints,

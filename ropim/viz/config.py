@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ropim.checks import COUNT, NON_NEGATIVE, SEED, Range, check_fields
 from ropim.errors import ConfigError
 
 
@@ -25,15 +26,13 @@ class VizConfig:
     fig5_threshold: float = 0.1
 
     def validate(self) -> VizConfig:
+        """Raise ConfigError naming the bad field and its fix."""
         if self.encoder and self.checkpoint:
             raise ConfigError("--encoder and --checkpoint: give one of them (or neither for Figure 5 only)")
-        for name in ("n_images", "fig5_images"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be ≥ 1")
-        if self.scale is not None and self.scale < 1:
-            raise ConfigError(f"scale={self.scale}: must be ≥ 1 (or null for the default)")
-        if not 0 < self.fig5_mask_ratio < 1:
-            raise ConfigError(f"fig5_mask_ratio={self.fig5_mask_ratio}: must be in (0, 1)")
+        open_share = Range(0, 1, low_open=True, high_open=True)
+        check_fields(self, {"n_images": COUNT, "fig5_images": COUNT, "scale": Range(1, integer=True, optional=True),
+                            "seed": SEED, "fig5_rho": open_share, "fig5_mask_ratio": open_share,
+                            "fig5_threshold": NON_NEGATIVE})
         if self.checkpoint and not Path(self.checkpoint).is_dir():
             raise ConfigError(f"checkpoint={self.checkpoint!r}: no such folder")
         return self

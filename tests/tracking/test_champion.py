@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 from ropim.tracking import store
 from ropim.tracking.champion import dataset_alias, promote_champion
 
@@ -30,3 +35,33 @@ def test_champion_rule_per_metric_and_dataset(workdir):
     tags = c.get_model_version(name, v[1]).tags
     assert tags["metric_value"] == "40.0" and tags["metric_dataset"] == "digits"
     assert tags["alias.champion"].startswith("not moved: knn_top1@k=20 40 does not beat")
+
+
+RACER = """
+import random, sys, time
+from ropim.tracking.champion import promote_champion
+version, value, start, uri = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+rng = random.Random(version)
+for i, name in enumerate(sys.argv[5:]):
+    time.sleep(max(0.0, start + 0.6 * i - time.time()) + rng.random() * 0.05)  # both sides start each round together
+    promote_champion(name, version, "knn_top1@k=20", "digits", value, uri=uri)
+"""
+
+
+def test_two_concurrent_promotions_leave_the_better_encoder_holding_both_aliases(workdir):
+    """Two processes promote two versions of the same model at the same moment, many times: every time the better
+    version ends up holding `champion` and `champion-digits` (MLflow has no compare-and-set)."""
+    c, uri = store.client(), os.environ["MLFLOW_TRACKING_URI"]
+    names = [f"race-{i}" for i in range(12)]
+    for name in names:
+        c.create_registered_model(name)
+        for _ in range(2):
+            c.create_model_version(name, "file:///nowhere")
+    start = str(time.time() + 8)  # after both processes have imported MLflow
+    sides = [subprocess.Popen([sys.executable, "-c", RACER, version, value, start, uri, *names], text=True,
+                              stderr=subprocess.PIPE) for version, value in (("1", "70"), ("2", "40"))]
+    for p in sides:
+        assert p.wait(timeout=180) == 0, p.stderr.read()[-2000:]
+    for name in names:
+        holders = {a: str(c.get_model_version_by_alias(name, a).version) for a in ("champion", "champion-digits")}
+        assert holders == {"champion": "1", "champion-digits": "1"}, (name, holders)

@@ -17,6 +17,7 @@ from typing import Literal
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from ropim import commands
+from ropim.console import quiet_console
 from ropim.errors import ConfigError
 
 PRESETS = Path(__file__).with_name("presets")
@@ -158,8 +159,11 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
     return parser, found
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input."""
+def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
+    """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input. ``quiet`` (default:
+    when run as a program, i.e. without ``argv``) filters library chatter from the console (``quiet_console``)."""
+    if argv is None if quiet is None else quiet:
+        quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "ropim")
     try:

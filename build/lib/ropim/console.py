@@ -18,7 +18,8 @@ import sys
 NOISE = re.compile("|".join((
     r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'",  # Train V2's controller, max_restarts > 0
     r"Failed to query Ray Train Controller actor state",  # placement-group cleaner without the state API
-    r"Failed to infer model signature",  # MLflow, for models logged without an input example
+    r"Successfully registered model '|Created version '\d+' of model|Registered model '.+' already exists",  # MLflow
+    # prints these on registration; ropim prints the registered URI itself
     r"Token authentication is enabled",  # ray.init's notice on a local head
     r"Reporting training result \d+",  # Ray Train's per-report INFO line
 )))

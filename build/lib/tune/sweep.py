@@ -20,6 +20,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from ropim.cli import ERRORS, preset_action, shipped_presets
 from ropim.cli import PRESETS as ROPIM_PRESETS
+from ropim.console import quiet_console
 from ropim.train.config import PretrainConfig
 from tune.config import METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
 
@@ -121,8 +122,10 @@ class SweepCommand:
 COMMAND = SweepCommand()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m tune.sweep`` / ``jobs/sweep.py``: the same flags as ``ropim sweep``."""
+def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
+    """``python -m tune.sweep`` / ``jobs/sweep.py``: the same flags as ``ropim sweep``; ``quiet`` as ``ropim``'s."""
+    if argv is None if quiet is None else quiet:
+        quiet_console()
     p = parser()
     try:
         run(p.instantiate(p.parse_args(list(sys.argv[1:] if argv is None else argv))))

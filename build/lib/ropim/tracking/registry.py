@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import tempfile
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlflow
+import numpy as np
+from mlflow.models import ModelSignature
+from mlflow.types import Schema, TensorSpec
 
 from ropim.errors import ConfigError
 from ropim.tracking.cards import card
@@ -51,14 +53,15 @@ def register_model(
         weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
             info = mlflow.pyfunc.log_model(
                 name=kind,
                 python_model=str(code),
                 artifacts={"weights": str(weights), "config": str(cfg_file)},
                 pip_requirements=ENCODER_REQUIREMENTS,
                 registered_model_name=name,
+                signature=signature(config),
+                input_example=input_example(config),
             )
     version = str(info.registered_model_version)
     for k, v in flatten(config).items():
@@ -78,6 +81,22 @@ def describe(name: str, version: str, uri: str | None = None) -> None:
     tags = mv.tags or {}
     lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else []}
     c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
+
+
+def signature(config: dict) -> ModelSignature:
+    """The pyfunc's signature: normalized float32 images (B, C, H, W) in, features or logits (B, K) out."""
+    kwargs = config["timm_kwargs"]
+    size, chans = kwargs.get("img_size", config.get("img_size")), kwargs.get("in_chans", 3)
+    width = config.get("num_classes") or config.get("embed_dim") or -1
+    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, chans, size, size))]),
+                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, width))]))
+
+
+def input_example(config: dict) -> np.ndarray:
+    """One black normalized image of the model's input size (the pyfunc's input example)."""
+    kwargs = config["timm_kwargs"]
+    size = kwargs.get("img_size", config.get("img_size"))
+    return np.zeros((1, kwargs.get("in_chans", 3), size, size), np.float32)
 
 
 def register_encoder(

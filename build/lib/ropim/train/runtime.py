@@ -35,7 +35,7 @@ def ray_session(needed: bool = True) -> Iterator[None]:
 
     started = needed and not ray.is_initialized()
     if started:
-        ray.init()
+        ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
     try:
         yield
     finally:

@@ -1,0 +1,98 @@
+"""Range checks of config fields: one ``ConfigError`` naming the field, its value and what it must be.
+
+Every number is checked for type and finiteness too, so ``nan``, ``inf`` and negative values of fields that must
+be positive are refused before any work starts (``--base_lr nan`` passes ``base_lr <= 0`` otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ropim.errors import ConfigError
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A closed or half-open interval a number must lie in; ``optional``: None is allowed too."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    optional: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.high == math.inf:
+            bound = f"{'>' if self.low_open else '≥'} {self.low:g}"
+        elif self.low == -math.inf:
+            bound = f"{'<' if self.high_open else '≤'} {self.high:g}"
+        else:
+            bound = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return f"{kind} {bound}" + (" (or null)" if self.optional else "")
+
+    def holds(self, value) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not float(value).is_integer():
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+SHARE = Range(0, 1)  # a probability or a share
+COUNT = Range(1, integer=True)  # at least one
+SEED = Range(0, 2**31 - 1, integer=True)
+
+
+def check_fields(cfg: object, rules: dict[str, Range], prefix: str = "") -> None:
+    """Raise ConfigError for the first field of ``cfg`` outside its range."""
+    for name, rule in rules.items():
+        value = getattr(cfg, name)
+        if not rule.holds(value):
+            raise ConfigError(f"{prefix}{name}={value!r}: must be {rule.describe()}")
+
+
+def check_run_name(name: str | None, field: str = "run_name") -> None:
+    """A run name is one path-safe folder name: letters, digits, '.', '_', '-' (no '/', no '..', not absolute)."""
+    if name is None:
+        return
+    if not RUN_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{field}={name!r}: use letters, digits, '.', '_' and '-' only (no '/', '..' or "
+                          "absolute paths), at most 128 characters, e.g. my-run-1")
+
+
+def visible_gpus() -> int:
+    """GPUs this machine exposes (NVIDIA device files), without importing torch."""
+    import glob
+
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def check_local_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool, wait: bool) -> None:
+    """On a local Ray (no RAY_ADDRESS), workers must fit this machine: ConfigError for a GPU run without a GPU or for
+    more worker CPUs than the machine has, unless ``wait`` (``wait_for_resources``) says to wait for them."""
+    import os
+
+    if wait or os.environ.get("RAY_ADDRESS"):
+        return
+    if use_gpu and not visible_gpus():
+        raise ConfigError("use_gpu=true but this machine has no visible GPU; drop --use_gpu, run on a GPU "
+                          "cluster (RAY_ADDRESS), or set --wait_for_resources true to wait for one")
+    cpus = os.cpu_count() or 1
+    if num_workers * cpus_per_worker > cpus:
+        raise ConfigError(f"num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} needs "
+                          f"{num_workers * cpus_per_worker:g} CPUs, this machine has {cpus}; lower them, or set "
+                          "--wait_for_resources true to wait for a cluster to grow")

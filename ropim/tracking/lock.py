@@ -1,0 +1,110 @@
+"""An exclusive lock on a named run's folder, so two jobs never train the same run at once.
+
+``<storage_path>/<name>/.lock`` is created atomically (``O_EXCL`` on a local disk) and holds the owner (host, pid,
+process start time). A lock whose owner is gone — same host, that process no longer alive — is stale and taken
+over (a job killed with ``kill -9`` does not block its own resume). On remote storage (``s3://…``) there is no atomic
+create: the lock is written, read back and kept only if it is still ours, which narrows the race to the storage's
+own write ordering.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from ropim.errors import ConfigError
+from ropim.tracking.storage import storage_fs
+
+LOCK = ".lock"
+
+
+class RunInUse(ConfigError):
+    """Another live job holds the run."""
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux ``/proc``), or None when there is no such
+    process; with the pid it names one process even after pids wrap around."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22 of proc(5), counted after the command name
+
+
+def owner() -> dict:
+    """This process, as a lock records it."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": start_time(os.getpid()),
+            "time": time.time()}
+
+
+def alive(holder: dict) -> bool:
+    """Whether the lock's owner may still run: true for another host (it cannot be checked from here)."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = holder.get("pid")
+    return isinstance(pid, int) and start_time(pid) is not None and start_time(pid) == holder.get("started")
+
+
+def acquire(storage_path: str, name: str) -> str:
+    """Take the lock of run ``name`` (RunInUse when a live job holds it); return the lock's path."""
+    if "://" in storage_path:
+        return acquire_remote(storage_path, name)
+    path = Path(storage_path).absolute() / name / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            held = read_holder(path)
+            if held is not None and alive(held):
+                raise in_use(name, storage_path, held) from None
+            path.unlink(missing_ok=True)  # stale: its owner is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(owner(), f)
+        return str(path)
+    raise RunInUse(f"run_name={name!r}: could not take its lock {path}; is another job starting it right now?")
+
+
+def read_holder(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # vanished or half-written: treat as stale
+
+
+def in_use(name: str, storage_path: str, held: dict) -> RunInUse:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("time", 0)))
+    return RunInUse(f"run_name={name!r} is in use by another job (pid {held.get('pid')} on {held.get('host')} since "
+                    f"{since}); wait for it to end or pick another run_name (a job that is gone on another host: "
+                    f"remove {storage_path}/{name}/{LOCK})")
+
+
+def acquire_remote(storage_path: str, name: str) -> str:
+    """The remote-storage lock: write, read back, keep only if still ours."""
+    fs, root = storage_fs(storage_path)
+    path = f"{root}/{name}/{LOCK}"
+    if fs.get_file_info(path).type.name != "NotFound":
+        with fs.open_input_stream(path) as f:
+            held = json.loads(f.read().decode())
+        if alive(held):
+            raise in_use(name, storage_path, held)
+    me = owner()
+    fs.create_dir(f"{root}/{name}", recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(me).encode())
+    with fs.open_input_stream(path) as f:
+        if json.loads(f.read().decode()) != me:
+            raise in_use(name, storage_path, me)
+    return f"{storage_path}/{name}/{LOCK}"
+
+
+def release(lock: str) -> None:
+    """Remove a lock this process took."""
+    fs, path = storage_fs(lock)
+    if fs.get_file_info(path).type.name != "NotFound":
+        fs.delete_file(path)

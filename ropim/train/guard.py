@@ -1,0 +1,79 @@
+"""The finite-loss guard of the training loop: a step whose gradients are not finite never reaches the weights.
+
+Without fp16 the first such step stops the run; under fp16 the grad scaler skips such steps, and more than
+``max_skipped_steps`` in a row stop it. Stopping writes ``stopped.json`` into the run's folder; the job's driver then
+raises ``Diverged`` — one clear error naming the step, the loss and the likely cause — so the run ends FAILED, keeps
+its last good checkpoint and registers nothing. (Raising in the workers instead would make Ray Train restart them
+from the same checkpoint into the same divergence.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ropim.errors import ConfigError
+from ropim.tracking.storage import storage_fs
+
+STOP_FILE = "stopped.json"
+
+
+class Diverged(ConfigError):
+    """The loss or the gradients stopped being finite; the message names the step and the likely cause."""
+
+
+@dataclass
+class StepGuard:
+    """Optimizer steps that check the gradient norm first (one device sync per step)."""
+
+    clip_grad: float | None
+    max_skipped_steps: int
+    precision: str
+    skipped: int = 0  # fp16: consecutive steps the grad scaler skipped
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+             params: Callable[[], Iterator[torch.nn.Parameter]], describe: Callable[[float], str]) -> None:
+        """Unscale (fp16), clip to ``clip_grad``, check, step, zero; ``describe(norm)`` words a divergence."""
+        if scaler:
+            scaler.unscale_(optimizer)
+        grads = [p for p in params() if p.grad is not None]
+        if self.clip_grad:
+            norm = torch.nn.utils.clip_grad_norm_(grads, self.clip_grad)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in grads])
+        finite = bool(torch.isfinite(norm))
+        if scaler:
+            scaler.step(optimizer)  # skips the update itself when the gradients are not finite
+            scaler.update()
+            self.skipped = 0 if finite else self.skipped + 1
+            if self.skipped > self.max_skipped_steps:
+                raise Diverged(f"{describe(float(norm))}; the fp16 grad scaler skipped {self.skipped} steps in a row "
+                               f"(max_skipped_steps={self.max_skipped_steps}): train in bf16 or fp32, or lower base_lr")
+        elif not finite:
+            raise Diverged(f"{describe(float(norm))}: lower base_lr or set clip_grad"
+                           + (f", or train in fp32 (precision={self.precision})" if self.precision != "fp32" else ""))
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:
+    """Record why the run stopped, for its driver."""
+    fs, path = storage_fs(f"{run_dir}/{STOP_FILE}")
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps({"message": message, "epoch": epoch, "step": step}).encode())
+
+
+def take_stop(run_dir: str) -> dict | None:
+    """Why the run stopped (``write_stop``), removing the record; None when it did not stop."""
+    fs, path = storage_fs(f"{run_dir}/{STOP_FILE}")
+    if fs.get_file_info(path).type.name == "NotFound":
+        return None
+    with fs.open_input_stream(path) as f:
+        stop = json.loads(f.read().decode())
+    fs.delete_file(path)
+    return stop
