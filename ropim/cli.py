@@ -10,6 +10,7 @@ and bad input answer at once. Other packages add subcommands through the ``ropim
 from __future__ import annotations
 
 import sys
+from argparse import ArgumentError
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,17 @@ from ropim.errors import ConfigError
 
 PRESETS = Path(__file__).with_name("presets")
 ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
+
+
+def parser_of(**kwargs) -> ArgumentParser:
+    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage."""
+    return ArgumentParser(exit_on_error=False, **kwargs)
+
+
+def one_line(err: Exception) -> str:
+    """A parser's (possibly multi-line) message as one line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return " ".join(line if line.endswith(":") else line + ";" for line in lines).rstrip(";")
 
 
 def shipped_presets(folder: Path) -> dict[str, Path]:
@@ -49,7 +61,7 @@ def preset_action(folders: dict[str, Path]) -> type[ActionConfigFile]:
 
 def job_parser(config_cls: type, command: str, description: str) -> ArgumentParser:
     """A subcommand's parser: ``--config FILE`` / ``--preset NAME``, then every field of ``config_cls``."""
-    parser = ArgumentParser(description=description)
+    parser = parser_of(description=description)
     parser.add_argument("--config", "--preset", action=preset_action({"--preset": PRESETS / command}),
                         help="a YAML config file, or (--preset) a shipped preset name (`ropim presets`); repeatable, "
                              "applied where it stands")
@@ -61,7 +73,7 @@ def source_parser(description: str) -> ArgumentParser:
     """SRC plus the DataConfig fields that say how to read it."""
     from ropim.data.config import DataConfig
 
-    parser = ArgumentParser(description=description)
+    parser = parser_of(description=description)
     parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
     defaults = DataConfig()
     parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet"],
@@ -76,7 +88,7 @@ def source_parser(description: str) -> ArgumentParser:
 
 def add_data_command(sub) -> None:
     """``ropim data convert SRC DST`` and ``ropim data inspect PATH`` (a parent level is added before its children)."""
-    data = ArgumentParser(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
+    data = parser_of(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
     sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
     actions = data.add_subcommands(dest="action")
     convert = source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
@@ -94,13 +106,13 @@ def add_models_command(sub) -> None:
     """``ropim models list [--name N]`` and ``ropim models show URI``."""
     from ropim.tracking.names import DEFAULT_ENCODER_NAME
 
-    models = ArgumentParser(description="The model registry from the terminal.")
+    models = parser_of(description="The model registry from the terminal.")
     sub.add_subcommand("models", models, help="list registered encoders, or show one's card")
     actions = models.add_subcommands(dest="action")
-    listing = ArgumentParser(description="Registered versions: config, scores, aliases.")
+    listing = parser_of(description="Registered versions: config, scores, aliases.")
     listing.add_argument("--name", type=str, default=DEFAULT_ENCODER_NAME, help="registered model name")
     actions.add_subcommand("list", listing, help="a table of registered versions")
-    show = ArgumentParser(description="A version's card: config, scores, lineage, how to load it.")
+    show = parser_of(description="A version's card: config, scores, lineage, how to load it.")
     show.add_argument("uri", type=str, help="models:/name/version or models:/name@alias")
     actions.add_subcommand("show", show, help="URI: one version's card")
 
@@ -125,7 +137,7 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
     from ropim.train.config import FinetuneConfig, PretrainConfig
     from ropim.viz.config import VizConfig
 
-    parser = ArgumentParser(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
+    parser = parser_of(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
     sub = parser.add_subcommands(dest="command")
     pretrain = job_parser(PretrainConfig, "pretrain", "Pretrain a ViT with ROPIM on Ray Train; register it.")
     pretrain.add_argument("--resume", type=str | None, default=None,
@@ -150,7 +162,7 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
                                          "checkpoint or a registered encoder, and the token-error histograms of "
                                          "Fig. 5, as PNGs."),
                        help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
-    sub.add_subcommand("presets", ArgumentParser(description="List shipped presets."), help="list shipped presets")
+    sub.add_subcommand("presets", parser_of(description="List shipped presets."), help="list shipped presets")
     add_data_command(sub)
     add_models_command(sub)
     found = plugins()
@@ -179,6 +191,9 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         run(ns)
     except ERRORS as err:
         raise SystemExit(f"ropim {command}: {err}") from None
+    except ArgumentError as err:
+        where = "ropim" if "invalid choice" in str(err) else f"ropim {command}"
+        raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ preset: rho_ablation on digits_demo), the sweep's own flags, and every ``ropim p
 from __future__ import annotations
 
 import sys
+from argparse import ArgumentError
 from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
 from jsonargparse import ArgumentParser, Namespace
 
-from ropim.cli import ERRORS, preset_action, shipped_presets
+from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
 from ropim.train.config import PretrainConfig
@@ -33,7 +34,7 @@ def parser() -> ArgumentParser:
     """The sweep's parser: sweep flags and every pretraining flag."""
     lines = "\n".join(f"  {name:<14} {path.read_text().splitlines()[0].lstrip('# ')}"
                       for name, path in shipped_presets(PRESETS).items())
-    p = ArgumentParser(prog="ropim sweep", default_config_files=[str(PRESETS / "rho_ablation.yaml")],
+    p = parser_of(prog="ropim sweep", default_config_files=[str(PRESETS / "rho_ablation.yaml")],
                        description="Sweep ROPIM pretraining with Ray Tune (+ Optuna); each trial is a Ray Train run.",
                        epilog=f"sweep presets:\n{lines}")
     action = preset_action({"--preset": PRESETS, "--pretrain-preset": ROPIM_PRESETS / "pretrain"})
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         run(p.instantiate(p.parse_args(list(sys.argv[1:] if argv is None else argv))))
     except ERRORS as err:
         raise SystemExit(f"ropim sweep: {err}") from None
+    except ArgumentError as err:
+        raise SystemExit(f"ropim sweep: {one_line(err)} (see `ropim sweep --help`)") from None
 
 
 if __name__ == "__main__":

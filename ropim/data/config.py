@@ -22,7 +22,7 @@ class DataConfig:
     val_fraction: float = 0.2  # used where the source has no split of its own
     split_seed: int = 0
     on_bad_image: Literal["skip", "fail"] = "skip"
-    max_pixels: int = 25_000_000  # larger images are bad images (a decompression bomb guard; 2× a 12 MP photo)
+    max_pixels: int = 25_000_000  # larger images are bad images (a decompression-bomb guard: 2× a 12 MP photo)
 
     def validate(self) -> DataConfig:
         """Raise ConfigError naming the bad field or path and its fix (checks the source on disk, cheaply)."""

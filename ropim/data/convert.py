@@ -1,27 +1,27 @@
 """``ropim data convert SRC DST``: any source → Parquet shards that Ray Data streams (``image``, ``label``, ``path``).
 
-Layout written: ``DST/train-00000.parquet`` … and, when the
-source has its own val split, ``DST/val-00000.parquet`` …; class names in each shard's schema metadata
-(``classes``, a JSON list) and in ``DST/classes.json``. A source without its own split goes wholly into
-``train-*`` shards; readers then split it with the seeded fraction rule on ``path``, which gives the same
-split as the source had. Encoded files (ImageFolder, Parquet) keep their original bytes; array sources
-(digits, CIFAR) are stored as PNG (lossless).
+Layout written: ``DST/train-00000.parquet`` … and, when the source has its own val split, ``DST/val-00000.parquet``
+…; class names in each shard's schema metadata (``classes``, a JSON list) and in ``DST/classes.json``. A source
+without its own split goes wholly into ``train-*`` shards; readers then split it with the seeded fraction rule on
+``path``, which gives the same split as the source had. Encoded files (ImageFolder, Parquet) keep their original
+bytes; array sources (digits, CIFAR) are stored as PNG (lossless).
 
-Bounded memory and restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the split's order (a seeded
-shuffle of the items, or the source order for Parquet sources), so every shard is a pure function of
-(source, split, index, N, seed). Each is written to a hidden temporary name and renamed when complete, with
-that plan stored in its metadata (``ropim.shard``). A re-run keeps shards whose plan matches, rewrites the
-rest, removes stale shards of other plans and leftover temporary files. Bad images are verified by decoding
-and dropped under ``on_bad_image="skip"`` (a shard may then hold fewer than N rows), or stop the run under
-``fail``.
+Nothing is lost: the destination may not be the source, inside it or around it; ``DST/ropim_convert.json`` records
+the plan (source, settings, every shard) before the first shard is written; a destination holding another plan, or
+files convert did not write, is refused — convert deletes nothing but its own temporary files. Bounded memory and
+restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the split's order (a seeded shuffle of the items, or the
+source order for Parquet sources), written to a hidden temporary name and renamed when complete, so re-running the
+same command keeps every complete shard and writes the rest. An image that does not decode follows
+``on_bad_image`` (dropped and counted, or the run stops); a source item that cannot be read at all (the source
+changed or vanished) stops the run with an error, never counted as a bad image.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import logging
 import posixpath
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,10 +38,10 @@ from ropim.data.lists import ImageList
 from ropim.data.sources import open_source, split_list
 from ropim.errors import ConfigError
 
-log = logging.getLogger("ropim.data")
-
 ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encoded images
 META_KEY = b"ropim.shard"
+PLAN = "ropim_convert.json"
+OWN_FILES = (PLAN, "classes.json")
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())])
 
 
@@ -57,7 +57,7 @@ class ConvertReport:
     bad_paths: list[str] = field(default_factory=list)  # the first 20 found by this run
 
 
-def _encode(data: bytes | np.ndarray) -> bytes:
+def encode(data: bytes | np.ndarray) -> bytes:
     if isinstance(data, bytes):
         return data
     buf = io.BytesIO()
@@ -65,47 +65,19 @@ def _encode(data: bytes | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _order(n: int, shuffle: bool, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+def check_destination(source: str, dst: str) -> None:
+    """The destination may not be the source, lie inside it, or hold it: one error before anything is written."""
+    def norm(location: str) -> str:
+        return location.rstrip("/") if "://" in location else filesystem(location)[1].rstrip("/")
 
-
-def _shard_meta(fs, path: str) -> dict | None:
-    """The plan stored in a complete shard written by convert, or None (foreign or unreadable file)."""
-    try:
-        meta = pq.read_schema(path, filesystem=fs).metadata or {}
-        return json.loads(meta[META_KEY]) if META_KEY in meta else None
-    except (OSError, pa.ArrowInvalid, ValueError):
-        return None
-
-
-def _write_shard(fs, dst: str, name: str, images: ImageList, idx: np.ndarray, schema: pa.Schema,
-                 bad: BadImages, progress: tqdm) -> int:
-    """Write rows ``idx`` of ``images`` to ``dst/name`` via a temporary file; return rows written."""
-    tmp, final = posixpath.join(dst, f".{name}.tmp"), posixpath.join(dst, name)
-    rows = 0
-    try:
-        with pq.ParquetWriter(tmp, schema, filesystem=fs) as writer:
-            for start in range(0, len(idx), ROW_GROUP):
-                cols = {"image": [], "label": [], "path": []}
-                for i in idx[start:start + ROW_GROUP]:
-                    path = images.paths[i]
-                    try:
-                        data = images.load(int(i))
-                    except OSError:
-                        data = None
-                    if try_decode(data, path, bad) is not None:
-                        cols["image"].append(_encode(data))
-                        cols["label"].append(int(images.labels[i]))
-                        cols["path"].append(path)
-                    progress.update(1)
-                writer.write_table(pa.table(cols, schema=schema))
-                rows += len(cols["label"])
-        fs.move(tmp, final)
-    except BaseException:
-        if fs.get_file_info(tmp).type == pafs.FileType.File:
-            fs.delete_file(tmp)
-        raise
-    return rows
+    src, out = norm(source), norm(dst)
+    if src == out:
+        raise ConfigError(f"convert destination {dst!r} is the source itself; write the shards to a new folder")
+    if out.startswith(src + "/"):
+        raise ConfigError(f"convert destination {dst!r} is inside the source {source!r}; a re-run would read the "
+                          "shards back as source images: give a folder outside it")
+    if src.startswith(out + "/"):
+        raise ConfigError(f"convert destination {dst!r} holds the source {source!r}; give a folder outside it")
 
 
 def plan_shards(lists: dict[str, ImageList], shard_size: int, shuffle: bool, seed: int,
@@ -113,7 +85,7 @@ def plan_shards(lists: dict[str, ImageList], shard_size: int, shuffle: bool, see
     """{shard file name: (split, item indices, the plan stored in the shard)} of every shard to hold."""
     plans = {}
     for split, images in lists.items():
-        order = _order(len(images), shuffle, seed)
+        order = np.random.default_rng(seed).permutation(len(images)) if shuffle else np.arange(len(images))
         n_shards = -(-len(order) // shard_size)
         for k in range(n_shards):
             plans[f"{split}-{k:05d}.parquet"] = (split, order[k * shard_size:(k + 1) * shard_size], {
@@ -122,27 +94,82 @@ def plan_shards(lists: dict[str, ImageList], shard_size: int, shuffle: bool, see
     return plans
 
 
-def kept_shards(fs, root: str, dst: str, plans: dict) -> set[str]:
-    """The shards already in ``root`` that match their plan; temporary leftovers and stale shards are removed, a
-    Parquet file convert did not write is refused."""
-    keep = set()
+def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
+    """Write the plan before any shard, or check that the destination holds this very plan; refuse files convert
+    did not write. Only our own leftover temporary files are removed."""
+    plan_path = posixpath.join(root, PLAN)
+    stored = None
+    if fs.get_file_info(plan_path).type == pafs.FileType.File:
+        with fs.open_input_stream(plan_path) as f:
+            stored = json.loads(f.read().decode())
+        if stored != plan:
+            changed = sorted(k for k in set(stored) | set(plan) if stored.get(k) != plan.get(k))
+            raise ConfigError(f"convert destination {dst!r} holds a conversion with other settings "
+                              f"({', '.join(changed)}); re-run it with those, or give an empty folder")
     for info in fs.get_file_info(pafs.FileSelector(root)):
         name = info.base_name
-        if info.type != pafs.FileType.File:
-            continue
-        if name.startswith(".") and name.endswith(".tmp"):
-            fs.delete_file(info.path)  # a temporary file left by a killed run
-        elif name.endswith(".parquet"):
-            meta = _shard_meta(fs, info.path)
-            if meta is None:
-                raise ConfigError(f"convert destination {dst!r} holds {name}, not written by `ropim data convert`; "
-                                  f"give an empty folder or one written by convert")
-            if name in plans and meta == plans[name][2]:
-                keep.add(name)
-            else:
-                log.info(f"removing stale shard {name} (written with another plan)")
-                fs.delete_file(info.path)
-    return keep
+        if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):
+            fs.delete_file(info.path)  # our own temporary file, left by a killed run
+        elif name not in plan["shards"] and name not in OWN_FILES:
+            raise ConfigError(f"convert destination {dst!r} holds {name}, which convert did not write; "
+                              "give an empty folder or one written by this same convert command")
+        elif name in plan["shards"] and stored is None and not complete_shard(fs, info.path, plan["shards"][name]):
+            raise ConfigError(f"convert destination {dst!r} holds {name} from another conversion; give an empty "
+                              "folder")
+    if stored is None:
+        write_whole(fs, plan_path, json.dumps(plan, indent=2).encode())
+
+
+def write_whole(fs, path: str, data: bytes) -> None:
+    """Write a small file under a temporary name, then rename it into place."""
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
+
+
+def complete_shard(fs, path: str, meta: dict) -> bool:
+    """Whether ``path`` is a complete shard of this plan (its metadata was written last, on close)."""
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return False
+    try:
+        stored = pq.read_schema(path, filesystem=fs).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return META_KEY in stored and json.loads(stored[META_KEY]) == meta
+
+
+def shard_rows(images: ImageList, idx: np.ndarray, bad: BadImages, progress: tqdm):
+    """Row groups (image, label, path) of ``idx``: undecodable images follow the policy; unreadable items raise."""
+    for start in range(0, len(idx), ROW_GROUP):
+        cols = {"image": [], "label": [], "path": []}
+        for i in idx[start:start + ROW_GROUP]:
+            path = images.paths[i]
+            try:
+                data = images.load(int(i))
+            except OSError as err:
+                raise ConfigError(f"source item {path} cannot be read ({err}); the source changed or vanished while "
+                                  "converting: restore it and re-run the same command to resume") from None
+            if try_decode(data, path, bad) is not None:
+                cols["image"].append(encode(data))
+                cols["label"].append(int(images.labels[i]))
+                cols["path"].append(path)
+            progress.update(1)
+        yield cols
+
+
+def write_shard(fs, root: str, name: str, rows, schema: pa.Schema) -> None:
+    """Write one shard via a temporary file renamed into place when complete."""
+    tmp, final = posixpath.join(root, f".{name}.tmp"), posixpath.join(root, name)
+    try:
+        with pq.ParquetWriter(tmp, schema, filesystem=fs) as writer:
+            for cols in rows:
+                writer.write_table(pa.table(cols, schema=schema))
+        fs.move(tmp, final)
+    except BaseException:
+        if fs.get_file_info(tmp).type == pafs.FileType.File:
+            fs.delete_file(tmp)
+        raise
 
 
 def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool = True, seed: int = 0,
@@ -151,6 +178,8 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     if shard_size < 1:
         raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
     cfg.validate()
+    if cfg.source != "digits":
+        check_destination(cfg.source, dst)
     src = open_source(cfg)
     splits = ("train", "val") if src.own_split else ("train",)
     lists = {s: split_list(src, cfg, s if src.own_split else None, cache_files=1) for s in splits}
@@ -158,27 +187,36 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     fs, root = filesystem(dst)
     if fs.get_file_info(root).type == pafs.FileType.File:
         raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
+    created = fs.get_file_info(root).type == pafs.FileType.NotFound
     fs.create_dir(root, recursive=True)
+    try:
+        return write_all(cfg, src, lists, fs, root, dst, shard_size, shuffle, seed, progress)
+    except BaseException:
+        if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
+            fs.delete_dir(root)  # nothing whole was written: leave no trace of this run (only it wrote there)
+        raise
 
+
+def write_all(cfg: DataConfig, src, lists: dict[str, ImageList], fs, root: str, dst: str, shard_size: int,
+              shuffle: bool, seed: int, progress: bool) -> ConvertReport:
+    """Claim the destination with the plan, then write every shard it lacks; ``convert``'s body."""
     plans = plan_shards(lists, shard_size, shuffle, seed, {"format": src.format, "source": src.location,
                                                           "on_bad_image": cfg.on_bad_image})
-    keep = kept_shards(fs, root, dst, plans)
+    claim_destination(fs, root, dst, {"source": src.location, "format": src.format, "classes": src.classes,
+                                      "shards": {n: p[2] for n, p in plans.items()}})
+    keep = {n for n, p in plans.items() if complete_shard(fs, posixpath.join(root, n), p[2])}
     report = ConvertReport(dst=dst, shards_kept=len(keep))
     classes = json.dumps(src.classes)
-    with fs.open_output_stream(posixpath.join(root, ".classes.json.tmp")) as f:
-        f.write(classes.encode())
-    fs.move(posixpath.join(root, ".classes.json.tmp"), posixpath.join(root, "classes.json"))
-
-    bad = BadImages(cfg.on_bad_image)
-    total = sum(len(v) for v in lists.values())
-    done = sum(len(plans[n][1]) for n in keep)
-    with tqdm(total=total, initial=done, unit="img", desc=f"convert → {dst}", disable=not progress) as bar:
+    write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())
+    bad = BadImages(cfg.on_bad_image, cfg.max_pixels)
+    total, done = sum(len(v) for v in lists.values()), sum(len(plans[n][1]) for n in keep)
+    with tqdm(total=total, initial=done, unit="img", desc=f"convert → {dst}", disable=not progress,
+              file=sys.stdout) as bar:  # stderr stays for errors
         for name, (split, idx, meta) in plans.items():
-            if name in keep:
-                continue
-            schema = SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
-            _write_shard(fs, root, name, lists[split], idx, schema, bad, bar)
-            report.shards_written += 1
+            if name not in keep:
+                schema = SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
+                write_shard(fs, root, name, shard_rows(lists[split], idx, bad, bar), schema)
+                report.shards_written += 1
     for name, (split, idx, _) in plans.items():
         rows = pq.read_metadata(posixpath.join(root, name), filesystem=fs).num_rows
         report.images[split] = report.images.get(split, 0) + rows

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from ropim.data.augment import augment, normalize, resize
 from ropim.data.config import DataConfig
-from ropim.data.decode import BadImages, decode_rgb
+from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb
 from ropim.data.lists import ImageList
 from ropim.data.sources import open_source, split_list
 from ropim.errors import ConfigError
@@ -43,11 +43,12 @@ class ImageListDataset(Dataset):
     ``bad`` (a ``BadImages``) holds the count and first 20 paths of images skipped in this process.
     """
 
-    def __init__(self, images: ImageList, transform=None, on_bad_image: str = "skip") -> None:
+    def __init__(self, images: ImageList, transform=None, on_bad_image: str = "skip",
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.images, self.transform = images, transform
         self.labels, self.classes, self.paths = images.labels, images.classes, images.paths
-        self.bad = BadImages(on_bad_image)
-        self._bad_idx: set[int] = set()
+        self.bad = BadImages(on_bad_image, max_pixels)
+        self.bad_idx: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.images)
@@ -55,12 +56,12 @@ class ImageListDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         n = len(self.images)
         for j in (k % n for k in range(i, i + n)):
-            if j in self._bad_idx:
+            if j in self.bad_idx:
                 continue
             try:
-                img = decode_rgb(self.images.load(j))
+                img = decode_rgb(self.images.load(j), self.bad.max_pixels)
             except Exception as err:  # noqa: BLE001 — any read/decode failure makes the image bad
-                self._bad_idx.add(j)
+                self.bad_idx.add(j)
                 self.bad.add(self.paths[j], err)
                 continue
             return (self.transform(img) if self.transform else img), int(self.labels[j])
@@ -85,7 +86,7 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 3
     images = split_list(src, cfg, split)
     if src.format == "digits":
         return ImageArrayDataset(images.images, images.labels, images.classes, transform)
-    return ImageListDataset(images, transform, cfg.on_bad_image)
+    return ImageListDataset(images, transform, cfg.on_bad_image, cfg.max_pixels)
 
 
 def _torch_uniform() -> float:

@@ -12,6 +12,8 @@ from ropim.errors import ConfigError
 
 log = logging.getLogger("ropim.data")
 MAX_LOGGED_BAD = 20
+FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")  # the only decoders PIL may use on a file from a data set
+DEFAULT_MAX_PIXELS = 25_000_000  # DataConfig.max_pixels' default: 2× a 12 MP photo, the largest an ImageNet image is
 
 
 class BadImageError(ConfigError):
@@ -21,8 +23,8 @@ class BadImageError(ConfigError):
 class BadImages:
     """The bad-image policy in one process: ``skip`` counts and logs (first 20 paths), ``fail`` raises."""
 
-    def __init__(self, policy: str = "skip") -> None:
-        self.policy, self.count, self.paths = policy, 0, []
+    def __init__(self, policy: str = "skip", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        self.policy, self.max_pixels, self.count, self.paths = policy, max_pixels, 0, []
 
     def add(self, path: str, err: BaseException | str) -> None:
         if self.policy == "fail":
@@ -35,14 +37,19 @@ class BadImages:
             log.warning(f"skipping undecodable image {path} ({err}){more}")
 
 
-def decode_rgb(data: bytes | np.ndarray) -> Image.Image:
+def decode_rgb(data: bytes | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """An RGB image from encoded bytes (greyscale/RGBA/palette converted) or an (H, W, 3) uint8 array.
 
-    Raises on undecodable or truncated data (PIL's errors); callers apply the bad-image policy.
+    Only the ``FORMATS`` decoders are tried, and an image of more than ``max_pixels`` pixels is refused from its
+    header, before decoding (a small file can declare a huge image). Raises on undecodable, truncated or oversized
+    data; callers apply the bad-image policy.
     """
     if isinstance(data, np.ndarray):
         return Image.fromarray(data)
-    with Image.open(io.BytesIO(data)) as img:
+    with Image.open(io.BytesIO(data), formats=FORMATS) as img:
+        if img.width * img.height > max_pixels:
+            raise ValueError(f"{img.width}x{img.height} = {img.width * img.height:,} pixels, over "
+                             f"data.max_pixels={max_pixels:,}")
         img.load()  # decodes everything: truncated files raise here
         if img.mode == "P" and "transparency" in img.info:
             return img.convert("RGBA").convert("RGB")
@@ -54,7 +61,7 @@ def try_decode(data: bytes | np.ndarray | None, path: str, bad: BadImages) -> Im
     try:
         if data is None:
             raise OSError("unreadable file")
-        return decode_rgb(data)
+        return decode_rgb(data, bad.max_pixels)
     except Exception as err:  # noqa: BLE001 — any decoder failure makes the image bad
         bad.add(path, err)
         return None

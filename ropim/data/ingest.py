@@ -55,7 +55,7 @@ from ray.data import FileShuffleConfig, RandomSeedConfig
 from ropim.data.augment import augment as augment_image
 from ropim.data.augment import normalize, resize
 from ropim.data.config import DataConfig
-from ropim.data.decode import BadImages, try_decode
+from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, try_decode
 from ropim.data.lists import ArrayList, FileList
 from ropim.data.sources import in_val, open_source, split_list
 from ropim.errors import ConfigError
@@ -110,6 +110,7 @@ def bad_image_summary(counter) -> dict:
 
 
 def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, policy: str = "skip",
+                 max_pixels: int = DEFAULT_MAX_PIXELS,
                  keep_val: bool | None = None, split_seed: int = 0, val_fraction: float = 0.2,
                  raw_shape: tuple[int, int, int] | None = None, counter=None) -> dict[str, np.ndarray]:
     """The map_batches step: select the split's rows (seeded fraction), decode, augment, normalize.
@@ -136,7 +137,7 @@ def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, 
     if keep_val is not None:
         keys = [p if p is not None else bytes(load(i)) for i, p in enumerate(paths)]
         rows = rows[in_val(keys, split_seed, val_fraction) == keep_val]
-    rng, bad, bad_paths = np.random.default_rng(), BadImages(policy), []
+    rng, bad, bad_paths = np.random.default_rng(), BadImages(policy, max_pixels), []
     images, labels = [], []
     for i in rows:
         name = paths[i] or (str(batch["file"][i]) if "file" in batch else f"row {i}")
@@ -188,7 +189,8 @@ def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augmen
     cfg.validate()
     augment = split == "train" if augment is None else augment
     src = open_source(cfg, img_size)
-    kwargs = dict(img_size=img_size, augment=augment, policy=cfg.on_bad_image, split_seed=cfg.split_seed,
+    kwargs = dict(img_size=img_size, augment=augment, policy=cfg.on_bad_image, max_pixels=cfg.max_pixels,
+                  split_seed=cfg.split_seed,
                   val_fraction=cfg.val_fraction, counter=bad_images)
     if src.format == "parquet":
         files = src.files[split] if src.own_split else src.files["all"]

@@ -9,7 +9,7 @@ Formats (``DataConfig.format``; ``auto`` detects them in this order):
                   (``s3://…``, ``gs://…``, ``hdfs://…``).
 * ``cifar``       CIFAR-10/100 python pickles (``cifar-10-batches-py/``, ``cifar-100-python/``, or their parent).
 * ``imagefolder`` ``ROOT/<class>/<image>`` (any depth below the class folder), or ``ROOT/train/<class>/…`` and
-                  ``ROOT/val/<class>/…``. JPEG/PNG/WebP/BMP; greyscale, RGBA and palette images become RGB.
+                  ``ROOT/val/<class>/…``. JPEG/PNG/WebP/BMP/GIF; greyscale, RGBA and palette images become RGB.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from ropim.errors import ConfigError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 VAL_NAMES = ("val", "validation", "test")
 HINT = ("give 'digits', an ImageFolder tree (ROOT/<class>/<image>), a CIFAR python folder "
         "(cifar-10-batches-py/), or Parquet shards (a folder, glob or s3:// URI)")
@@ -95,13 +95,28 @@ def is_image(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
 
 
-def walk_images(folder: str, first_only: bool = False) -> list[str]:
-    """Image files below ``folder`` (sorted, recursive, following links); stop at the first if asked."""
+def inside(path: str, root: str) -> bool:
+    """Whether real path ``path`` is ``root`` or below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def walk_images(folder: str, first_only: bool = False, root: str | None = None) -> list[str]:
+    """Image files below ``folder`` (sorted, recursive); stop at the first if asked. Symbolic links are followed only
+    to folders and files inside ``root`` (default: ``folder``), and every real folder and file is listed once, so a
+    link cycle cannot multiply the images and a link cannot leak one image into both splits."""
+    root_real, seen = os.path.realpath(root or folder), set()
     out = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen or not inside(real, root_real):
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for f in sorted(filenames):
-            if is_image(f):
+            target = os.path.realpath(os.path.join(dirpath, f))
+            if is_image(f) and target not in seen and inside(target, root_real):
+                seen.add(target)
                 out.append(os.path.join(dirpath, f))
                 if first_only:
                     return out
@@ -175,13 +190,18 @@ def check_source(source: str, forced: str = "auto") -> str:
         if missing:
             raise ConfigError(f"data source {location!r}: {files[0]} has no {' / '.join(missing)} column "
                               f"(columns: {', '.join(schema.names)}); write shards with `ropim data convert`")
+        label = schema.field("label").type
+        if not pa.types.is_integer(label):
+            raise ConfigError(f"data source {location!r}: {files[0]}'s label column holds {label}, not integers; "
+                              "labels are class indices 0..K-1 (class names go in the schema metadata or "
+                              "classes.json): rewrite the shards with `ropim data convert`")
         if not any(pq.read_metadata(f, filesystem=fs).num_rows for f in files):
             raise ConfigError(f"data source {location!r}: {len(files)} Parquet file(s) but no rows; "
                               f"the data set is empty")
     elif fmt == "imagefolder":
         path = os.path.abspath(os.path.expanduser(location))
         for folder in imagefolder_splits(path).values():
-            if os.path.isdir(folder) and any(walk_images(os.path.join(folder, c), True) for c in subdirs(folder)):
+            if os.path.isdir(folder) and any(walk_images(os.path.join(folder, c), True, path) for c in subdirs(folder)):
                 continue
             loose = [f for f in os.listdir(folder) if is_image(f)] if os.path.isdir(folder) else []
             where = f"{len(loose)} images directly in {folder} but no class folders" if loose else \

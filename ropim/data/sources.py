@@ -50,17 +50,24 @@ def in_val(keys, seed: int, fraction: float) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------- locations
 
 
+def class_names(names: object, where: str) -> list[str]:
+    """A list of class names as strings; ConfigError naming ``where`` otherwise."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, (str, int)) for n in names):
+        raise ConfigError(f"class names in {where} must be a non-empty JSON list of strings, got {str(names)[:80]}")
+    return [str(n) for n in names]
+
+
 def _parquet_classes(fs, files: list[str]) -> list[str]:
     """Class names from the schema metadata, a classes.json beside the shards, or "0".."K-1" from the labels."""
     meta = pq.read_schema(files[0], filesystem=fs).metadata or {}
     if b"classes" in meta:
-        return list(json.loads(meta[b"classes"]))
+        return class_names(json.loads(meta[b"classes"]), f"{files[0]}'s schema metadata")
     for folder in dict.fromkeys(posixpath.dirname(f) for f in files[:1] + files[-1:]):
         for d in (folder, posixpath.dirname(folder)):
             p = posixpath.join(d, "classes.json")
             if fs.get_file_info(p).type == pafs.FileType.File:
                 with fs.open_input_stream(p) as f:
-                    return list(json.loads(f.read()))
+                    return class_names(json.loads(f.read()), p)
     max_label = max((pc.max(pq.read_table(f, columns=["label"], filesystem=fs)["label"]).as_py() or 0)
                     for f in files)
     return [str(i) for i in range(max_label + 1)]
@@ -99,7 +106,7 @@ def open_source(cfg: DataConfig, img_size: int = 32) -> Source:
         for split, d in dirs.items():
             paths, labels = [], []
             for label, c in enumerate(classes):
-                files = walk_images(os.path.join(d, c)) if os.path.isdir(os.path.join(d, c)) else []
+                files = walk_images(os.path.join(d, c), root=root) if os.path.isdir(os.path.join(d, c)) else []
                 paths += [os.path.relpath(f, root).replace(os.sep, "/") for f in files]
                 labels += [label] * len(files)
             pools[split] = FileList(root, labels, paths, classes)
@@ -121,6 +128,10 @@ def _parquet_list(src: Source, files: list[str], keep_val: bool | None, cfg: Dat
         names = pq.read_schema(f, filesystem=src.fs).names
         t = pq.read_table(f, columns=["label"] + (["path"] if "path" in names else []), filesystem=src.fs)
         lab = t["label"].to_numpy(zero_copy_only=False).astype(np.int64)
+        if len(lab) and (lab.min() < 0 or lab.max() >= len(src.classes)):
+            raise ConfigError(f"data source {cfg.source!r}: {f} has labels {lab.min()}..{lab.max()}, outside the "
+                              f"{len(src.classes)} classes ({', '.join(src.classes[:5])}…); fix the labels or the "
+                              "class names")
         pth = t["path"].to_pylist() if "path" in names else [None] * len(lab)
         idx = np.arange(len(lab))
         if keep_val is not None:

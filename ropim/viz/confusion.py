@@ -20,8 +20,8 @@ def confusion_png(confusion, classes: list[str], path: Path, title: str) -> None
     im = ax.imshow(norm.numpy(), cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax, fraction=0.046, label="share of true class")
     if k <= 30:
-        ax.set_xticks(range(k), classes, rotation=90, fontsize=8)
-        ax.set_yticks(range(k), classes, fontsize=8)
+        ax.set_xticks(range(k), classes, rotation=90, fontsize=8, parse_math=False)  # '$' in a name is text
+        ax.set_yticks(range(k), classes, fontsize=8, parse_math=False)
         if k <= 15:
             for i in range(k):
                 for j in range(k):
@@ -30,6 +30,6 @@ def confusion_png(confusion, classes: list[str], path: Path, title: str) -> None
                                 color="black" if norm[i, j] > 0.5 else "white")
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title(title)
+    ax.set_title(title, parse_math=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -16,7 +16,9 @@ from ropim.data.config import DataConfig
 from ropim.data.convert import convert
 from ropim.data.decode import decode_rgb
 from ropim.data.inspect import inspect_source
+from ropim.data.lists import FileList
 from ropim.data.sources import open_source, split_list
+from ropim.errors import ConfigError
 
 
 def _read_dst(dst) -> dict[str, dict[str, tuple[bytes, int]]]:
@@ -84,7 +86,7 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
     with pytest.raises(KeyboardInterrupt):
         convert(cfg, str(dst), shard_size=3, progress=False)
     names = sorted(os.listdir(dst))
-    assert names == ["classes.json", "train-00000.parquet"]  # no partial shard, no temporary file
+    assert names == ["classes.json", "ropim_convert.json", "train-00000.parquet"]  # no partial shard or temp file
     assert pq.read_metadata(dst / "train-00000.parquet").num_rows >= 2
     (dst / ".train-00001.parquet.tmp").write_bytes(b"half a shard from a killed run")
 
@@ -95,9 +97,10 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
     assert {p: v[1] for p, v in _read_dst(dst)["train"].items()} == good
     again = convert(cfg, str(dst), shard_size=3, progress=False)
     assert again.shards_written == 0 and again.shards_kept == 3
-    other = convert(cfg, str(dst), shard_size=5, progress=False)  # another plan: stale shards replaced
-    assert other.shards_written == 2 and sorted(os.listdir(dst))[1:] == ["train-00000.parquet",
-                                                                         "train-00001.parquet"]
+    before = {n: (dst / n).read_bytes() for n in os.listdir(dst)}
+    with pytest.raises(ConfigError, match="holds a conversion with other settings"):  # another plan: refused
+        convert(cfg, str(dst), shard_size=5, progress=False)
+    assert {n: (dst / n).read_bytes() for n in os.listdir(dst)} == before  # nothing deleted or overwritten
 
 
 def test_cli_convert_then_inspect(parquet_set, tmp_path, capsys):
@@ -107,5 +110,42 @@ def test_cli_convert_then_inspect(parquet_set, tmp_path, capsys):
     cli_main(["data", "inspect", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "parquet" in out and "train 40  val 10" in out and "classes     3: a, b, c" in out
-    assert sorted(os.listdir(tmp_path / "out")) == ["classes.json", "train-00000.parquet", "train-00001.parquet",
-                                                     "train-00002.parquet", "val-00000.parquet"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["classes.json", "ropim_convert.json", "train-00000.parquet",
+                                                     "train-00001.parquet", "train-00002.parquet", "val-00000.parquet"]
+
+
+def test_convert_never_loses_the_source(folder, parquet_set, tmp_path):
+    """The data-loss cases: a converted folder onto itself (to re-shard), an ImageFolder into a sub-folder of itself
+    and the same command again: each is refused before anything is written, and every row stays."""
+    root, rows = parquet_set
+    copy = tmp_path / "shards"
+    convert(DataConfig(str(root)), str(copy), shard_size=16, progress=False)
+    before = {n: (copy / n).read_bytes() for n in os.listdir(copy)}
+    with pytest.raises(ConfigError, match="is the source itself"):
+        convert(DataConfig(str(copy)), str(copy), shard_size=8, progress=False)
+    assert {n: (copy / n).read_bytes() for n in os.listdir(copy)} == before
+    assert inspect_source(DataConfig(str(copy)))["images"] == {"train": 40, "val": 10}
+
+    images, good, _ = folder
+    for _ in range(2):  # the README's way to resume is to run the same command again
+        with pytest.raises(ConfigError, match="inside the source"):
+            convert(DataConfig(str(images)), str(images / "parquet"), progress=False)
+    assert not (images / "parquet").exists()
+    with pytest.raises(ConfigError, match="holds the source"):
+        convert(DataConfig(str(images)), str(images.parent), progress=False)
+    assert len(split_list(open_source(DataConfig(str(images))), DataConfig(str(images)), None)) == len(good) + 1
+
+
+def test_source_that_vanishes_mid_run_is_an_error_not_bad_images(folder, tmp_path, monkeypatch):
+    images, good, _ = folder
+    real_load = FileList.load
+
+    def vanishing(self, i):
+        if i >= 3:
+            raise FileNotFoundError(f"{self.file(i)} vanished")
+        return real_load(self, i)
+
+    monkeypatch.setattr(FileList, "load", vanishing)
+    with pytest.raises(ConfigError, match="cannot be read .* the source changed or vanished"):
+        convert(DataConfig(str(images)), str(tmp_path / "out"), shard_size=100, progress=False)
+    assert not (tmp_path / "out").exists()  # nothing whole was written, and the run leaves no trace

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
-from sample_data import cifar10, pixels, write_parquet
+from sample_data import cifar10, encode, pixels, write_parquet
 
 from ropim.cli import main as cli_main
 from ropim.data.config import DataConfig
@@ -146,7 +146,7 @@ def test_corrupt_image_skipped_and_counted_under_skip_named_under_fail(folder, t
         [which[i] for i in range(len(which))]
     with pytest.raises(BadImageError, match="broken.jpg"):
         convert(fail, str(tmp_path / "out"), shard_size=100, progress=False)
-    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith((".parquet", ".tmp"))]
+    assert not (tmp_path / "out").exists()  # the failed run leaves no trace
 
 
 def test_missing_empty_and_imageless_sources_raise_one_clear_error(tmp_path, parquet_set):
@@ -177,3 +177,56 @@ def test_missing_empty_and_imageless_sources_raise_one_clear_error(tmp_path, par
         DataConfig(val_fraction=1.5).validate()
     with pytest.raises(SystemExit, match="ropim data inspect: .*no such file"):
         cli_main(["data", "inspect", str(tmp_path / "missing")])
+
+
+def test_untrusted_images_decode_only_known_formats_under_a_pixel_limit(tmp_path):
+    """Only JPEG/PNG/WebP/BMP/GIF decoders run; a small file declaring a huge image is a bad image from its header."""
+    tiff = encode(Image.fromarray(pixels(8, 8, 0)), "TIFF")
+    with pytest.raises(Exception, match="cannot identify image file"):
+        decode_rgb(tiff)
+    bomb = encode(Image.new("L", (6000, 6000)), "PNG")  # ~40 KB on disk, 36 MP once decoded
+    assert len(bomb) < 100_000
+    with pytest.raises(ValueError, match="6000x6000 = 36,000,000 pixels, over data.max_pixels=25,000,000"):
+        decode_rgb(bomb)
+    assert decode_rgb(bomb, max_pixels=40_000_000).size == (6000, 6000)
+    root = tmp_path / "imgs"
+    for name, data in (("a.png", encode(Image.fromarray(pixels(8, 8, 1)), "PNG")), ("bomb.png", bomb),
+                       ("b.gif", encode(Image.fromarray(pixels(8, 8, 2)).convert("P"), "GIF"))):
+        (root / "c").mkdir(parents=True, exist_ok=True)
+        (root / "c" / name).write_bytes(data)
+    ds = build_dataset(DataConfig(str(root), val_fraction=0.01), "train")
+    items = [ds[i] for i in range(len(ds))]
+    assert ds.bad.paths == ["c/bomb.png"] and all(img.size == (8, 8) for img, _ in items)  # policy: skipped
+    with pytest.raises(BadImageError, match="bomb.png: cannot decode image .*over data.max_pixels"):
+        failing = build_dataset(DataConfig(str(root), val_fraction=0.01, on_bad_image="fail"), "train")
+        [failing[i] for i in range(len(failing))]
+
+
+def test_symlinks_are_followed_inside_the_root_once_and_never_outside(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Image.fromarray(pixels(8, 8, 9)).save(outside / "secret.png")
+    root = tmp_path / "root"
+    (root / "cat" / "sub").mkdir(parents=True)
+    (root / "dog").mkdir()
+    Image.fromarray(pixels(8, 8, 1)).save(root / "cat" / "c.png")
+    Image.fromarray(pixels(8, 8, 2)).save(root / "dog" / "d.png")
+    (root / "cat" / "sub" / "loop").symlink_to(root / "cat")  # a cycle
+    (root / "cat" / "again.png").symlink_to(root / "cat" / "c.png")  # the same file twice
+    (root / "dog" / "leak").symlink_to(outside)  # outside the data set
+    (root / "dog" / "leak.png").symlink_to(outside / "secret.png")
+    listed = split_list(open_source(DataConfig(str(root))), DataConfig(str(root)), None)
+    assert sorted(listed.paths) == ["cat/again.png", "dog/d.png"] or sorted(listed.paths) == ["cat/c.png",
+                                                                                             "dog/d.png"]
+
+
+def test_parquet_labels_must_be_class_indices(tmp_path):
+    img = encode(Image.fromarray(pixels(8, 8, 0)), "PNG")
+    (tmp_path / "strings").mkdir()
+    pq.write_table(pa.table({"image": [img], "label": ["cat"]}), tmp_path / "strings" / "train-0.parquet")
+    with pytest.raises(ConfigError, match="label column holds string, not integers"):
+        DataConfig(str(tmp_path / "strings")).validate()
+    (tmp_path / "range").mkdir()
+    write_parquet(tmp_path / "range" / "train-0.parquet", [(img, 5, "a.png"), (img, 0, "b.png")], ["x", "y", "z"])
+    with pytest.raises(ConfigError, match="has labels 0..5, outside the 3 classes"):
+        build_dataset(DataConfig(str(tmp_path / "range")), "train")

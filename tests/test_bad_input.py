@@ -1,0 +1,133 @@
+"""The catalogue of bad input: every case exits non-zero with one line naming the input, before Ray starts, and
+writes nothing — no MLflow run, no registered version, no ``ray_results/``, no file outside the working folder."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from support import run_cli
+
+from ropim.checks import visible_gpus
+
+PRE = ("pretrain", "--preset", "digits_demo")
+FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
+CASES = {  # id: (argv, what the one line must name)
+    "rho above 1": ((*PRE, "--model.rho", "1.5"), "rho=1.5"),
+    "rho zero": ((*PRE, "--model.rho", "0"), "rho=0"),
+    "rho nan": ((*PRE, "--model.rho", "nan"), '"model.rho"'),
+    "patch does not divide": ((*PRE, "--model.img_size", "30"), "patch size must divide"),
+    "negative image size": ((*PRE, "--model.img_size", "-32"), "model.img_size=-32"),
+    "unknown architecture": ((*PRE, "--model.arch", "vit_giant_patch14"), "arch='vit_giant_patch14'"),
+    "unknown backbone": ((*PRE, "--model.backbone", "swin"), "backbone='swin'"),
+    "unknown hashing": ((*PRE, "--model.hashing", "weird"), "hashing='weird'"),
+    "greyscale in_chans": ((*PRE, "--model.in_chans", "1"), "model.in_chans=1"),
+    "unknown corruption": ((*PRE, "--model.corruption", "blur"), "corruption='blur'"),
+    "mask ratio above 1": ((*PRE, "--model.corruption", "mask", "--model.mask_ratio", "1.5"), "mask_ratio=1.5"),
+    "drop path above 1": ((*PRE, "--model.drop_path_rate", "1.2"), "model.drop_path_rate=1.2"),
+    "base_lr nan": ((*PRE, "--base_lr", "nan"), '"base_lr"'),
+    "base_lr nan in a config file": ((*PRE, "--config", "nan.yaml"), "base_lr=nan"),
+    "base_lr negative": ((*PRE, "--base_lr", "-1"), "base_lr=-1"),
+    "weight decay negative": ((*PRE, "--weight_decay", "-0.1"), "weight_decay=-0.1"),
+    "beta2 above 1": ((*PRE, "--beta2", "1.5"), "beta2=1.5"),
+    "clip_grad negative": ((*PRE, "--clip_grad", "-1"), "clip_grad=-1"),
+    "log_every zero": ((*PRE, "--log_every", "0"), "log_every=0"),
+    "checkpoint_every zero": ((*PRE, "--checkpoint_every", "0"), "checkpoint_every=0"),
+    "stop_after_epochs zero": ((*PRE, "--stop_after_epochs", "0"), "stop_after_epochs=0"),
+    "seed negative": ((*PRE, "--seed", "-1"), "seed=-1"),
+    "seed too large": ((*PRE, "--seed", "3000000000"), "seed=3000000000"),
+    "epochs zero": ((*PRE, "--epochs", "0"), "epochs=0"),
+    "epochs not a number": ((*PRE, "--epochs", "abc"), '"epochs"'),
+    "batch not divisible": ((*PRE, "--global_batch_size", "10", "--num_workers", "3"), "not divisible"),
+    "warm-up negative": ((*PRE, "--warmup_epochs", "-1"), "warmup_epochs=-1"),
+    "run name escapes": ((*PRE, "--run_name", "../escape"), "run_name='../escape'"),
+    "run name absolute": ((*PRE, "--run_name", "/tmp/abs"), "run_name='/tmp/abs'"),
+    "fp16 on CPU": ((*PRE, "--precision", "fp16"), "precision='fp16' needs use_gpu"),
+    "unknown precision": ((*PRE, "--precision", "fp64"), "precision='fp64'"),
+    "unknown ingest": ((*PRE, "--ingest", "dask"), "ingest='dask'"),
+    "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
+    "val fraction above 1": ((*PRE, "--data.val_fraction", "1.5"), "val_fraction=1.5"),
+    "unknown data format": ((*PRE, "--data.format", "tiff"), '"data.format"'),
+    "unknown preset": (("pretrain", "--preset", "nope"), "unknown --preset 'nope'"),
+    "unknown command": (("pretrian",), "invalid choice: 'pretrian'"),
+    "label strings": ((*PRE, "--data.source", "strings"), "not integers"),
+    "label out of range": ((*PRE, "--data.source", "range"), "outside the 3 classes"),
+    "corrupt image under fail": (("data", "convert", "corrupt", "out", "--on-bad-image", "fail"), "broken.jpg"),
+    "convert onto itself": (("data", "convert", "range", "range"), "is the source itself"),
+    "convert into the source": (("data", "convert", "corrupt", "corrupt/out"), "inside the source"),
+    "missing alias": (("finetune", "--encoder", "models:/ropim-encoder@nope"), "no alias 'nope'"),
+    "missing version": (("finetune", "--encoder", "models:/ropim-encoder/999"), "no such registered version"),
+    "missing encoder folder": (("finetune", "--encoder", "no/such/encoder"), "no such local folder"),
+    "layer decay zero": ((*FT, "--layer_decay", "0"), "layer_decay=0"),
+    "label smoothing above 1": ((*FT, "--label_smoothing", "1.5"), "label_smoothing=1.5"),
+    "mixup negative": ((*FT, "--mixup", "-1"), "mixup=-1"),
+    "erasing above 1": ((*FT, "--reprob", "2"), "reprob=2"),
+    "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
+    "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
+    "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
+    "sweep name escapes": (("sweep", "--name", "../x"), "name='../x'"),
+    "missing model version": (("models", "show", "models:/ropim-encoder/7"), "no such registered version"),
+    "unreachable MLflow": ((*PRE,), "MLflow server unreachable"),
+}
+if not visible_gpus():
+    CASES["GPU without a GPU"] = ((*PRE, "--use_gpu", "true"), "use_gpu=true but this machine has no visible GPU")
+if (os.cpu_count() or 1) < 16:
+    CASES["more worker CPUs than the machine"] = ((*PRE, "--num_workers", "16", "--global_batch_size", "64"),
+                                                  "num_workers=16 × cpus_per_worker=1 needs 16 CPUs")
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    """A working folder inside an otherwise empty parent, with the bad data sets the cases name."""
+    work = tmp_path_factory.mktemp("bad-input") / "work"
+    img = Image.new("RGB", (8, 8))
+    (work / "corrupt" / "cls").mkdir(parents=True)
+    img.save(work / "corrupt" / "cls" / "ok.png")
+    (work / "corrupt" / "cls" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (work / "strings").mkdir()
+    pq.write_table(pa.table({"image": [b"x"], "label": ["cat"]}), work / "strings" / "train-0.parquet")
+    (work / "range").mkdir()
+    table = pa.table({"image": [b"x", b"y"], "label": pa.array([0, 5], pa.int64()), "path": ["a", "b"]})
+    pq.write_table(table.replace_schema_metadata({b"classes": b'["a", "b", "c"]'}), work / "range" / "train-0.parquet")
+    (work / "ENC").mkdir()
+    (work / "nan.yaml").write_text("base_lr: .nan\n")
+    return work
+
+
+def written(work: Path) -> set[str]:
+    """Everything under the working folder's parent, except the fixtures' own data sets."""
+    return {str(p.relative_to(work.parent)) for p in work.parent.rglob("*")}
+
+
+def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtures):
+    before = written(fixtures)
+
+    def run(case: str):
+        argv, _ = CASES[case]
+        env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9" if case == "unreachable MLflow" else
+               f"sqlite:///{fixtures}/mlflow-{abs(hash(case))}.db"}
+        return run_cli(*argv, cwd=fixtures, env=env, timeout=120)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(CASES, pool.map(run, CASES), strict=True))
+    assert len(CASES) >= 40
+    wrong = {}
+    for case, proc in results.items():
+        lines = proc.stderr.strip().splitlines()
+        if proc.returncode == 0 or len(lines) != 1 or CASES[case][1] not in lines[0] or "Ray" in proc.stdout:
+            wrong[case] = (proc.returncode, proc.stderr[-600:])
+    assert not wrong, wrong
+    created = written(fixtures) - before
+    stores = {p for p in created if Path(p).name.startswith("mlflow-")}  # a lookup opens the sqlite store, empty
+    assert created - stores == set(), created - stores  # no ray_results, no shards, nothing outside the folder
+    for store_file in stores:
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}")
+        assert not c.search_runs([e.experiment_id for e in c.search_experiments()])  # no MLflow run
+        assert not c.search_model_versions()  # no registered version
