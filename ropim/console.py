@@ -23,22 +23,42 @@ NOISE = re.compile("|".join((
     r"Token authentication is enabled",  # ray.init's notice on a local head
     r"Reporting training result \d+",  # Ray Train's per-report INFO line
 )))
+# Warnings Ray logs with a traceback about its own machinery; the line and its traceback are dropped together.
+NOISE_WITH_TRACEBACK = re.compile("|".join((
+    r"Failed to send resource request for train-",  # Train V2's autoscaling client, a 5 s timeout under CPU load
+)))
+TRACEBACK_LINE = re.compile(r"Traceback \(most recent call last\)|\s|$")
+TRACEBACK_END = re.compile(r"[\w.]+(Error|Exception|Interrupt)\b")
 
 
 class NoiseFilter(io.TextIOBase):
-    """A text stream that writes whole lines to ``stream`` unless they match ``NOISE``."""
+    """A text stream that writes whole lines to ``stream`` unless they match ``NOISE`` (or
+    ``NOISE_WITH_TRACEBACK``, then with the traceback that follows)."""
 
     def __init__(self, stream) -> None:
-        self.stream, self.pending = stream, ""
+        self.stream, self.pending, self.in_traceback = stream, "", False
 
     def write(self, text: str) -> int:
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
-            if not NOISE.search(line):
+            if self.keep(line):
                 self.stream.write(line + "\n")
         self.stream.flush()
         return len(text)
+
+    def keep(self, line: str) -> bool:
+        """Whether ``line`` is shown; follows a dropped warning's traceback to its exception line."""
+        if self.in_traceback:
+            if TRACEBACK_LINE.match(line):
+                return False
+            self.in_traceback = False
+            if TRACEBACK_END.match(line):
+                return False
+        if NOISE_WITH_TRACEBACK.search(line):
+            self.in_traceback = True
+            return False
+        return not NOISE.search(line)
 
     def flush(self) -> None:
         if self.pending and not NOISE.search(self.pending):

@@ -1,4 +1,5 @@
-"""The main job: pretrain on Ray Train -> register the encoder -> fine-tune it and a random-init baseline.
+"""The main job: pretrain on Ray Train -> register the encoder -> score it and a random-init encoder of the same
+architecture with kNN, a linear probe and a fine-tune of one recipe and budget -> print a summary.
 
 One Ray session serves the pretraining and both fine-tunes when they run on Ray Train (``finetune.num_workers``
 > 0); the digits demo fine-tunes in-process, which is faster there.
@@ -7,12 +8,15 @@ One Ray session serves the pretraining and both fine-tunes when they run on Ray 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
+from pathlib import Path
 
 import timm
 import torch
 
 from ropim.flows.config import DemoConfig
-from ropim.tracking import registry
+from ropim.tracking import registry, store
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import frozen_scores
 from ropim.train.finetune import baseline, finetune
@@ -21,7 +25,7 @@ from ropim.train.runtime import ray_session
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, object]:
-    """Run the whole path and print the registered URI and both fine-tune top-1s, measured in this run."""
+    """Run the whole path; print the scores of both encoders, the registered URIs and where the outputs are."""
     cfg.validate()
     check_tracking(tracking_uri())
     with ray_session(needed=cfg.finetune.num_workers > 0):  # pretrain starts its own otherwise
@@ -29,21 +33,50 @@ def run_demo(cfg: DemoConfig) -> dict[str, object]:
 
 
 def _run(cfg: DemoConfig) -> dict[str, object]:
+    start = time.perf_counter()
     result = pretrain(cfg.pretrain)
     ft_cfg = dataclasses.replace(cfg.finetune, encoder=result.encoder_uri)
     encoder, enc_cfg = registry.load_encoder(result.encoder_uri)
     torch.manual_seed(cfg.finetune.seed)
     random_encoder = timm.create_model(enc_cfg["arch"], pretrained=False, **enc_cfg["timm_kwargs"])
-    knn = {
-        "ropim": frozen_scores(encoder, enc_cfg["img_size"], ft_cfg.data, linear=False)["knn_top1"],
-        "random": frozen_scores(random_encoder, enc_cfg["img_size"], ft_cfg.data, linear=False)["knn_top1"],
-    }
-    ropim_ft = finetune(ft_cfg)
-    random_ft = finetune(baseline(ft_cfg))
-    print()
-    print(f"registered encoder: {result.encoder_uri}  (MLflow run {result.run_id})")
+    scores = {"ropim": frozen_scores(encoder, enc_cfg["img_size"], ft_cfg.data),
+              "random": frozen_scores(random_encoder, enc_cfg["img_size"], ft_cfg.data)}
+    ropim_ft, random_ft = finetune(ft_cfg), finetune(baseline(ft_cfg))
+    scores["ropim"]["finetune_top1"], scores["random"]["finetune_top1"] = ropim_ft["top1"], random_ft["top1"]
+    print_summary(cfg, result, scores, ropim_ft, random_ft, time.perf_counter() - start)
+    return {"encoder_uri": result.encoder_uri, "scores": scores, "finetune": ropim_ft, "random_init": random_ft}
+
+
+def print_summary(cfg: DemoConfig, result, scores: dict, ropim_ft: dict, random_ft: dict, seconds: float) -> None:
+    """The result table, the registered URIs, the pictures and checkpoints, and how to browse them."""
+    uri = tracking_uri()
+    gain = scores["ropim"]["finetune_top1"] - scores["random"]["finetune_top1"]
+    rows = [("ROPIM (pretrained here)", scores["ropim"]), ("random init", scores["random"])]
+    print(f"\n== ROPIM demo: {cfg.finetune.data.source} val split, top-1 (%), {seconds / 60:.1f} min ==")
+    print(f"{'encoder':<26}{'kNN':>8}{'linear probe':>14}{'fine-tune':>11}")
+    for name, s in rows:
+        print(f"{name:<26}{s['knn_top1']:>8.2f}{s['linear_top1']:>14.2f}{s['finetune_top1']:>11.2f}")
+    print(f"fine-tune gain from pretraining: {gain:+.2f} points (same recipe, {cfg.finetune.epochs} epochs each)")
+    print(f"\nregistered encoder:    {result.encoder_uri}  (pretraining run {result.run_id})")
     print(f"registered classifier: {ropim_ft.get('classifier_uri')}  (fine-tune run {ropim_ft['run_id']})")
-    print(f"{'encoder':<24}{'kNN top-1':>12}{'fine-tune top-1':>18}   ({ft_cfg.data.source} val split)")
-    print(f"{'ROPIM (this run)':<24}{knn['ropim']:>11.2f}%{ropim_ft['top1']:>17.2f}%")
-    print(f"{'random init':<24}{knn['random']:>11.2f}%{random_ft['top1']:>17.2f}%")
-    return {"encoder_uri": result.encoder_uri, "knn": knn, "finetune": ropim_ft, "random_init": random_ft}
+    print(f"checkpoints:           {result.checkpoint_path}")
+    pictures = [("pretraining", *f) for f in store.artifact_files(result.run_id, "pictures", uri)]
+    pictures += [(kind, p, f) for kind, run in (("fine-tune", ropim_ft), ("random init", random_ft))
+                 for p, f in store.artifact_files(str(run["run_id"]), "", uri) if p.endswith(".png")]
+    print("pictures (run: MLflow artifact path -> file):")
+    for kind, path, local in pictures:
+        print(f"  {kind}: {path}  ->  {local or '(remote artifact store)'}")
+    print(f"browse runs, metrics and pictures: {command('mlflow')} ui --backend-store-uri {uri}")
+    print(f"the registry from the terminal:    {command('ropim')} models list")
+
+
+def command(name: str) -> str:
+    """``name`` as the user can type it: the path of this interpreter's script (relative when below the working
+    directory) when it is there, else the bare name."""
+    script = Path(sys.executable).parent / name
+    if not script.exists():
+        return name
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from pathlib import Path
 
 import mlflow
@@ -90,3 +91,13 @@ def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> No
     """Mark the run FINISHED / FAILED / KILLED."""
     client(uri).set_terminated(run_id, status)
 
+
+
+def artifact_files(run_id: str, folder: str, uri: str | None = None) -> list[tuple[str, str | None]]:
+    """(artifact path, local file path or None when the artifact store is remote) of the files in ``folder``."""
+    c = client(uri)
+    root = c.get_run(run_id).info.artifact_uri
+    parsed = urllib.parse.urlparse(root)
+    local = urllib.parse.unquote(parsed.path) if parsed.scheme in ("", "file") else None
+    return [(f.path, str(Path(local) / f.path) if local else None)
+            for f in c.list_artifacts(run_id, folder) if not f.is_dir]
