@@ -1,4 +1,4 @@
-"""Training-step overhead of ROPIM's projection (DESIGN.md §1, §4).
+"""Training-step overhead of ROPIM's projection.
 
 Times one training step (forward, backward, AdamW step) of the same ViT-T with
 

@@ -18,8 +18,13 @@ from tune.spaces import max_value, n_grid_points, validate_space
 PRESETS = Path(__file__).with_name("presets")
 SEARCHES = ("grid", "tpe")
 SCHEDULERS = ("none", "asha")
-# metric -> mode; reported by rank 0 on eval epochs (PretrainConfig.eval_every); linear_top1 turns on eval_linear_probe
-METRICS = {"knn_top1": "max", "linear_top1": "max"}
+# metric -> mode. knn_top1 / linear_top1: reported by rank 0 on eval epochs (PretrainConfig.eval_every; linear_top1
+# turns on eval_linear_probe). finetune_top1 (the paper's ablation protocol): after its last epoch each trial
+# fine-tunes its encoder (``finetune``: the recipe and budget) on the train split and reports val top-1.
+METRICS = {"knn_top1": "max", "linear_top1": "max", "finetune_top1": "max"}
+# FinetuneConfig fields a trial's fine-tune takes from the trial itself, not from the sweep's ``finetune``
+FINETUNE_FROM_TRIAL = ("encoder", "random_init", "data", "num_workers", "use_gpu", "cpus_per_worker", "seed",
+                       "experiment", "run_name", "storage_path", "registered_model", "wait_for_resources")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class SweepConfig:
     experiment: str = "ropim-sweep"
     register: bool = True  # register the best trial's encoder and apply the champion rule
     pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
+    finetune: dict = field(default_factory=dict)  # metric finetune_top1: FinetuneConfig fields of every trial's
+    # fine-tune (those of FINETUNE_FROM_TRIAL come from the trial)
 
     @property
     def mode(self) -> str:
@@ -66,6 +73,9 @@ class SweepConfig:
         check_fields(self, {"num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
                             "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
         check_run_name(self.name, "name")
+        if self.metric == "finetune_top1" and self.scheduler == "asha":
+            raise ConfigError("metric=finetune_top1 is measured once, after a trial's last epoch: ASHA has no "
+                              "intermediate values to stop on; use --scheduler none")
         if self.pretrain.get("num_workers", 1) < 1:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
         validate_space(self.space, self.search, self.pretrain)
@@ -77,6 +87,13 @@ class SweepConfig:
     @classmethod
     def from_dict(cls, d: dict) -> SweepConfig:
         return cls(**d)
+
+    def trial_finetune(self, pretrain: dict) -> dict:
+        """The FinetuneConfig fields of the fine-tune of a trial that pretrained with ``pretrain``: the sweep's
+        recipe and budget, on the trial's data, workers and seed; nothing registered."""
+        return {**{k: v for k, v in self.finetune.items() if k not in FINETUNE_FROM_TRIAL},
+                "data": pretrain["data"], "seed": pretrain["seed"], "registered_model": "",
+                **{k: pretrain[k] for k in ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")}}
 
 
 def grid_seeds(space: dict, base_seed: int, n: int) -> dict:

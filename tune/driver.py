@@ -18,7 +18,7 @@ from ray.tune.search.optuna import OptunaSearch
 from ropim.errors import ConfigError
 from ropim.tracking.runs import Run, default_run_name, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.config import PretrainConfig
+from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.runtime import ray_session
 from tune.config import SweepConfig, default_concurrency, grid_seeds
 from tune.outcome import SweepResult, finish
@@ -64,11 +64,15 @@ def prepare(cfg: SweepConfig) -> SweepConfig:
     for knob, dist in cfg.space.items():
         for value in next(iter(dist.values())):
             PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
+    finetune = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate() if cfg.metric == "finetune_top1" \
+        else None
     from ropim.data.datasets import count_images
 
     n_train = count_images(base.data, "train")
     if n_train < base.global_batch_size:
         raise ConfigError(f"global_batch_size={base.global_batch_size} exceeds the training split ({n_train} images)")
+    if finetune is not None and n_train < finetune.batch_size:
+        raise ConfigError(f"finetune.batch_size={finetune.batch_size} exceeds the training split ({n_train} images)")
     return cfg
 
 
@@ -132,7 +136,8 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],
                                                             p["cpus_per_worker"], p["use_gpu"])
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
-           "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency}
+           "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
+           "metric": cfg.metric, "finetune": cfg.trial_finetune(p)}
     if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
     try:

@@ -15,7 +15,7 @@ from ropim.tracking.runs import Run
 from ropim.train.config import PretrainConfig
 from ropim.train.pretrain import register_checkpoint
 from tune import report
-from tune.config import SweepConfig
+from tune.config import METRICS, SweepConfig
 from tune.spaces import apply_trial
 from tune.study import load_study
 
@@ -81,7 +81,8 @@ def collect_rows(grid, cfg: SweepConfig, uri: str, parent_run_id: str) -> list[d
                 store.end_run(child.info.run_id, "KILLED", uri)
         rows.append({
             "trial": trial_id, "rho": full["model"]["rho"], "base_lr": full["base_lr"], "epochs": full["epochs"],
-            "seed": full["seed"], "knobs": sorted(result.config or {}), cfg.metric: metrics.get(cfg.metric),
+            "seed": full["seed"], "knobs": sorted(result.config or {}),
+            **{m: metrics.get(m) for m in METRICS if m in metrics}, cfg.metric: metrics.get(cfg.metric),
             "epochs_run": epochs_run, "status": status, "mlflow_run": child.info.run_id if child else None,
             "checkpoint": checkpoint, "config": result.config,
             **{k: v for k, v in (result.config or {}).items() if k not in ("rho", "base_lr", "epochs", "seed")},

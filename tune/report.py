@@ -15,10 +15,18 @@ COLUMNS = ("trial", "rho", "base_lr", "epochs", "seed")
 TAIL = ("epochs_run", "status", "mlflow_run")
 
 
+SCORES = ("knn_top1", "linear_top1", "finetune_top1")
+
+
+def scores(rows: list[dict], metric: str) -> list[str]:
+    """The objective, then the other scores some trial reported (e.g. knn_top1 beside finetune_top1)."""
+    return [metric, *(s for s in SCORES if s != metric and any(r.get(s) is not None for r in rows))]
+
+
 def columns(rows: list[dict], metric: str) -> list[str]:
-    """Table columns: trial and the usual knobs, any other swept knob, the metric, then status."""
+    """Table columns: trial and the usual knobs, any other swept knob, the scores, then status."""
     extra = sorted({k for r in rows for k in r.get("knobs", ())} - set(COLUMNS))
-    return [*COLUMNS, *extra, metric, *TAIL]
+    return [*COLUMNS, *extra, *scores(rows, metric), *TAIL]
 
 
 def _fmt(key: str, value) -> str:
@@ -55,13 +63,15 @@ def to_markdown(rows: list[dict], metric: str, title: str, grid_over_rho: bool) 
     cols = columns(rows, metric)
     lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(c, r.get(c)) for c in cols) + " |" for r in rows]
-    summary = by_rho(rows, metric)
-    if grid_over_rho and summary:
+    for score in scores(rows, metric) if grid_over_rho else ():
+        summary = by_rho(rows, score)
+        if not summary:
+            continue
         best = max(m for _, m, _, _ in summary)
         cells = [(f"**{m:.2f}**" if m == best else f"{m:.2f}") + (f" ± {s:.2f}" if n > 1 else "")
                  for _, m, s, n in summary]
-        lines += ["", f"{metric} (%) by rho" + (f", mean ± std over {summary[0][3]} seeds" if summary[0][3] > 1
-                                                else "") + ":", "",
+        lines += ["", f"{score} (%) by rho" + (f", mean ± std over {summary[0][3]} seeds" if summary[0][3] > 1
+                                               else "") + ":", "",
                   "| " + " | ".join(f"ρ={rho:g}" for rho, *_ in summary) + " |", "|" + "---|" * len(summary),
                   "| " + " | ".join(cells) + " |"]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from argparse import ArgumentError
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Literal
 
@@ -22,8 +22,8 @@ from jsonargparse import ArgumentParser, Namespace
 from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
-from ropim.train.config import PretrainConfig
-from tune.config import METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
+from ropim.train.config import FinetuneConfig, PretrainConfig
+from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
 NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
@@ -70,6 +70,9 @@ def parser() -> ArgumentParser:
                    help="Ray Train workers per trial")
     p.add_argument("--cpus_per_worker", "--cpus-per-worker", type=float, default=1.0, help="CPUs per Train worker")
     p.add_class_arguments(PretrainConfig, nested_key=None, as_group=False, skip=NOT_PRETRAIN_FLAGS)
+    p.add_class_arguments(FinetuneConfig, nested_key="finetune",
+                          help="--metric finetune_top1: each trial's fine-tune recipe and budget (--finetune FILE, "
+                               f"--finetune.epochs N, …); {', '.join(FINETUNE_FROM_TRIAL)} are the trial's")
     return p
 
 
@@ -85,8 +88,11 @@ def config_from_namespace(ns: Namespace) -> SweepConfig:
         return SweepConfig.from_dict(meta["config"])
     pretrain_names = {f.name for f in fields(PretrainConfig)}
     pretrain = PretrainConfig(**{k: v for k, v in ns.items() if k in pretrain_names})
-    sweep = {f.name: ns[f.name] for f in fields(SweepConfig) if f.name not in ("pretrain", "space") and f.name in ns}
-    return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict())
+    sweep = {f.name: ns[f.name] for f in fields(SweepConfig)
+             if f.name not in ("pretrain", "space", "finetune") and f.name in ns}
+    finetune = {k: v for k, v in asdict(ns.finetune).items() if k not in FINETUNE_FROM_TRIAL}
+    return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict(),
+                       finetune=finetune)
 
 
 def config_from_args(argv: list[str]) -> SweepConfig:

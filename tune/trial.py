@@ -1,6 +1,9 @@
-"""One Tune trial: a Ray Train pretraining run whose metrics Tune sees, tracked as a child MLflow run of the sweep.
+"""One Tune trial: a Ray Train pretraining run whose metrics Tune sees, tracked as a child MLflow run of the sweep;
+with ``metric finetune_top1`` (the paper's ablation protocol) the trial then fine-tunes its encoder and reports
+val top-1.
 
-A trial restarted after an interruption continues from its latest Train checkpoint in the same MLflow run.
+A trial restarted after an interruption continues from its latest Train checkpoint in the same MLflow run; a
+fine-tune already finished is reported, not run again.
 """
 
 from __future__ import annotations
@@ -8,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import tempfile
+from pathlib import Path
 
 from ropim.tracking import store
 from ropim.tracking.runs import open_run
-from ropim.train.config import PretrainConfig
-from ropim.train.pretrain import loop_inputs, worker_main
-from ropim.train.runtime import fit
+from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.finetune import finetune
+from ropim.train.pretrain import export_encoder, loop_inputs, worker_main
+from ropim.train.runtime import FitResult, fit
 from tune.resources import record_placement_group
 from tune.spaces import apply_trial
 
@@ -36,3 +42,21 @@ def trial_driver(config: dict, ctx: dict) -> None:
         result = fit(functools.partial(record_placement_group, worker_main), loop_config, cfg,
                      callbacks=[TuneReportCallback()], datasets=datasets, storage_path=storage)
         store.set_tags(run.run_id, {"ropim.checkpoint": result.checkpoint_path or ""}, uri)
+        if ctx.get("metric") == "finetune_top1" and result.metrics.get("epoch") == cfg.epochs:
+            top1 = finetune_score(cfg, result, ctx["finetune"], run.run_id, uri)
+            store.log_metrics(run.run_id, {"finetune_top1": top1}, cfg.epochs, uri)
+            ray.tune.report({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+                            | {"finetune_top1": top1})
+
+
+def finetune_score(cfg: PretrainConfig, result: FitResult, finetune_fields: dict, run_id: str, uri: str) -> float:
+    """Top-1 (%) on the val split of the trial's final encoder fine-tuned with ``finetune_fields`` on the train
+    split; the encoder is logged on the trial's run (``encoder/``) so that workers on any node read it."""
+    with result.checkpoint_dir() as folder, tempfile.TemporaryDirectory() as tmp:
+        for path in export_encoder(folder, cfg, Path(tmp)).iterdir():
+            store.log_artifact(run_id, path, "encoder", uri)
+    ft = FinetuneConfig.from_dict({**finetune_fields, "encoder": f"runs:/{run_id}/encoder",
+                                   "run_name": f"{cfg.run_name}-finetune", "storage_path": cfg.storage_path})
+    out = finetune(ft)
+    store.set_tags(run_id, {"ropim.finetune_run": out["run_id"]}, uri)
+    return float(out["top1"])

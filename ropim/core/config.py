@@ -65,7 +65,7 @@ class ModelConfig:
     patch_size: int = 16
     in_chans: int = 3
     depth: int | None = None  # None keeps the architecture's depth
-    drop_path_rate: float = 0.0
+    drop_path_rate: float = 0.1  # stochastic depth of the encoder in pretraining (the paper's 0.1)
     rho: float = 1 / 7
     corruption: str = "rop"
     loss: str = "l1"

@@ -1,4 +1,4 @@
-"""Count-sketch random orthogonal projection along the token axis (DESIGN.md §1).
+"""Count-sketch random orthogonal projection along the token axis.
 
 For one image with N tokens, a sketch draws bucket ids h ∈ [0, K')^N and signs s ∈ {±1}^N.
 The sketching matrix P ∈ {-1, 0, 1}^{K'×N} has P[i, j] = s_j·δ(h_j = i), P Pᵀ = diag(c) with

@@ -96,7 +96,7 @@ class PretrainConfig:
     warmup_epochs: float = 1.0
     weight_decay: float = 0.05
     beta2: float = 0.95
-    clip_grad: float | None = None  # max gradient norm; None = no clipping
+    clip_grad: float | None = 5.0  # max gradient norm (the paper's 5.0); None = no clipping
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False

@@ -12,6 +12,7 @@ same step count, LR schedule and MLflow run; re-running a finished one reports i
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import tempfile
 from dataclasses import dataclass
@@ -164,17 +165,31 @@ def loop_inputs(cfg: PretrainConfig, run_id: str, tracking_uri: str) -> tuple[di
                                                     bad_images=loop_config["bad_images"])}
 
 
-def register_checkpoint(folder: Path, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
-    """Register the encoder of a final checkpoint folder (the decoder logged beside it); return its URI."""
+def split_checkpoint(folder: Path, cfg: PretrainConfig) -> tuple[dict, dict, dict]:
+    """(encoder weights, encoder config, decoder weights) of a pretraining checkpoint folder."""
     state = load_file(str(Path(folder) / "model.safetensors"))
     decoder = {k: v for k, v in state.items() if not k.startswith("encoder.")}
+    encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
+    return encoder_state, encoder_config(cfg, encoder_state["cls_token"].shape[-1]), decoder
+
+
+def register_checkpoint(folder: Path, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
+    """Register the encoder of a final checkpoint folder (the decoder logged beside it); return its URI."""
+    encoder_state, config, decoder = split_checkpoint(folder, cfg)
     with tempfile.TemporaryDirectory() as tmp:
         save_file(decoder, str(Path(tmp) / "decoder.safetensors"))
         store.log_artifact(run_id, Path(tmp) / "decoder.safetensors", "decoder", tracking_uri)
-    encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
-    embed_dim = encoder_state["cls_token"].shape[-1]
-    return registry.register_encoder(run_id, encoder_state, encoder_config(cfg, embed_dim), cfg.registered_model,
-                                     tracking_uri)
+    return registry.register_encoder(run_id, encoder_state, config, cfg.registered_model, tracking_uri)
+
+
+def export_encoder(folder: Path, cfg: PretrainConfig, dst: Path) -> Path:
+    """Write the encoder of a checkpoint folder into the folder ``dst`` as ``encoder.safetensors`` + ``config.json``
+    (what ``--encoder FOLDER`` and ``runs:/<run_id>/<path>`` read); return ``dst``."""
+    encoder_state, config, _ = split_checkpoint(folder, cfg)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in encoder_state.items()}, str(dst / "encoder.safetensors"))
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
 
 
 @dataclass(frozen=True)

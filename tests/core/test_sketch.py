@@ -1,4 +1,4 @@
-"""Tests for the count-sketch projector (DESIGN.md §1): Π = Pᵀ diag(1/c) P along the token axis."""
+"""Tests for the count-sketch projector: Π = Pᵀ diag(1/c) P along the token axis."""
 
 from __future__ import annotations
 

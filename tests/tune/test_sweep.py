@@ -232,3 +232,31 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
 
     again = run_sweep(cfg)  # a finished sweep is not run (or registered) twice
     assert again.encoder_uri == second.encoder_uri and again.rows == second.rows
+
+
+def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir):
+    """--metric finetune_top1: each trial fine-tunes its own encoder (the sweep's recipe, the trial's data) after its
+    last epoch; the row, the child run and the registered version carry that score, kNN is reported beside it."""
+    with pytest.raises(Exception, match="ASHA has no intermediate values"):
+        prepare(config_from_args(["--metric", "finetune_top1", "--scheduler", "asha", "--eval_every", "1", *TINY]))
+    cfg = config_from_args(["--metric", "finetune_top1", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY,
+                            "--epochs", "1", "--base_lr", "0.064", "--finetune.epochs", "1",
+                            "--finetune.max_steps_per_epoch", "3", "--name", "ft"])
+    assert cfg.finetune["batch_size"] == 32 and cfg.finetune["base_lr"] == 0.02  # the preset's digits recipe
+    classifiers = len(store.client().search_model_versions("name = 'ropim-classifier'"))
+    r = run_sweep(cfg)
+    assert r.complete and len(r.rows) == 2
+    c = store.client()
+    for row in r.rows:
+        assert 0 < row["finetune_top1"] <= 100 and 0 < row["knn_top1"] <= 100
+        trial = c.get_run(row["mlflow_run"])
+        assert trial.data.metrics["finetune_top1"] == pytest.approx(row["finetune_top1"])
+        ft = c.get_run(trial.data.tags["ropim.finetune_run"])
+        assert ft.info.status == "FINISHED" and ft.data.metrics["top1"] == pytest.approx(row["finetune_top1"])
+        assert ft.data.tags["ropim.encoder_uri"] == f"runs:/{row['mlflow_run']}/encoder"
+        assert json.loads(ft.data.params["seed"]) == row["seed"]
+    assert r.best["finetune_top1"] == max(row["finetune_top1"] for row in r.rows)
+    assert "finetune_top1 (%) by rho" in r.table and "knn_top1 (%) by rho" in r.table
+    mv = c.get_model_version(*registry.resolve_version(r.encoder_uri))
+    assert mv.tags["metric"] == "finetune_top1" and float(mv.tags["metric_value"]) == r.best["finetune_top1"]
+    assert len(c.search_model_versions("name = 'ropim-classifier'")) == classifiers  # trials register no classifier
