@@ -166,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pretrain-base-lr", type=float, default=4e-3)
     p.add_argument("--finetune-epochs", type=int, default=4)
     p.add_argument("--finetune-base-lr", type=float, default=1e-2)
+    p.add_argument("--write-subset", type=Path, default=None,
+                   help="only write the pretraining pool (no held-out rows) as Parquet shards in this folder, for "
+                        "the rho sweep that picks --best-rho on a split of its own (see the README), and exit")
     p.add_argument("--tiny", action="store_true", help=f"the whole path, small: {TINY}")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/quality[_tiny].json)")
     args = p.parse_args(argv)
@@ -175,8 +178,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def write_pool(data: Path, args, folder: Path) -> None:
+    """The pretraining pool alone (``train-*`` shards, split by ropim's val_fraction rule when read)."""
+    shards = sorted(data.glob("train-*.parquet"))
+    pool = take_rows(shards[:-1], args.pretrain_images)
+    folder.mkdir(parents=True, exist_ok=False)
+    pq.write_table(pool.replace_schema_metadata(pq.read_schema(shards[0]).metadata), folder / "train-00000.parquet")
+    print(f"[quality] {pool.num_rows} images of the pretraining pool -> {folder} (the held-out shard is not in it)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.write_subset is not None:
+        write_pool(args.data.absolute(), args, args.write_subset)
+        return {}
     t0 = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

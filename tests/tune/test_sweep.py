@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from argparse import ArgumentError
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.tracking import registry, store
 from tune import report
 from tune.driver import prepare, run_sweep
@@ -55,8 +57,10 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
     assert (cfg.search, cfg.scheduler, cfg.num_samples, cfg.max_concurrent) == ("tpe", "asha", 5, 1)
     assert cfg.pretrain["model"]["depth"] == 2 and cfg.pretrain["num_workers"] == 1
     assert cfg.pretrain["eval_every"] == 1  # the preset's override: ASHA needs intermediate kNN
-    assert cfg.pretrain["epochs"] == 8 and cfg.pretrain["model"]["arch"] == "vit_tiny_patch16_224"  # digits_demo
-    assert cfg.max_epochs == 8 and cfg.n_trials == 5
+    demo = yaml.safe_load((ROPIM_PRESETS / "pretrain" / "digits_demo.yaml").read_text())
+    assert cfg.pretrain["epochs"] == demo["epochs"]
+    assert cfg.pretrain["model"] == {**cfg.pretrain["model"], **demo["model"], "depth": 2}  # preset, then flags
+    assert cfg.max_epochs == 8 and cfg.n_trials == 5  # the space's largest epochs choice
 
     from ropim.cli import main as ropim_main
 
@@ -64,7 +68,7 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
         ropim_main(["sweep", "--preset", "rho_ablation", "--num-samples", "2", *TINY, "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["space"] == {"rho": {"grid": RHOS}} and printed["num_samples"] == 2 and printed["num_workers"] == 1
-    assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain["eval_every"] == 8  # final epoch
+    assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain["eval_every"] == demo["epochs"]  # last
     with pytest.raises(SystemExit, match="rho: values must lie in"):
         main(["--space", '{"rho": {"grid": [0.07, 1.2]}}', *TINY])
     with pytest.raises(SystemExit, match="scheduler=asha needs"):
@@ -87,7 +91,7 @@ def test_linear_probe_objective(workdir):
     cfg = prepare(cfg)
     assert cfg.pretrain["eval_linear_probe"] and cfg.mode == "max"
     assert metric_key("linear_top1", cfg.pretrain) == "linear_top1"
-    with pytest.raises(SystemExit):
+    with pytest.raises(ArgumentError, match="metric"):
         config_from_args(["--metric", "loss", *TINY])
 
     pretrain = PretrainConfig.from_dict(cfg.pretrain)
