@@ -26,6 +26,8 @@ NOISE = re.compile("|".join((
 # Warnings Ray logs with a traceback about its own machinery; the line and its traceback are dropped together.
 NOISE_WITH_TRACEBACK = re.compile("|".join((
     r"Failed to send resource request for train-",  # Train V2's autoscaling client, a 5 s timeout under CPU load
+    r"Exception in thread PlacementGroupCleanerMonitor",  # Train V2's cleaner cannot pick a Ray instance when
+    # several run on one machine (it asks the state API without an address); only an aborted run needs it
 )))
 TRACEBACK_LINE = re.compile(r"Traceback \(most recent call last\)|\s|$")
 TRACEBACK_END = re.compile(r"[\w.]+(Error|Exception|Interrupt)\b")

@@ -42,3 +42,11 @@ def test_warning_dropped_with_its_traceback_only() -> None:
 def test_line_after_warning_without_traceback_is_kept() -> None:
     text = RAY_TIMEOUT_WARNING.splitlines()[0] + "\n[pretrain] epoch 2/2 loss 0.9\n"
     assert shown(text) == "[pretrain] epoch 2/2 loss 0.9\n"
+
+
+def test_cleaner_thread_traceback_dropped() -> None:
+    text = ("Exception in thread PlacementGroupCleanerMonitor:\nTraceback (most recent call last):\n"
+            '  File "/x/threading.py", line 1045, in _bootstrap_inner\n    self.run()\n'
+            "ConnectionError: Found multiple active Ray instances: {'a:1', 'b:2'}. Please specify the one\n"
+            "[pretrain] epoch 1/2 loss 1.0\n")
+    assert shown(text) == "[pretrain] epoch 1/2 loss 1.0\n"
