@@ -202,6 +202,7 @@ mlflow_status_anonymous() {  # HTTP status of a request without credentials (401
     curl -sS -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MLFLOW_PORT$MLFLOW_PROBE" 2>/dev/null || true
 }
 mlflow_status_admin() {  # HTTP status with the admin credentials; curl reads them from stdin (-K -), not argv
+    [ -s "$MLFLOW_PASSWORD_FILE" ] || { echo "none (no $MLFLOW_PASSWORD_FILE)"; return 0; }
     printf 'user = "%s:%s"\n' "$MLFLOW_USER" "$(cat "$MLFLOW_PASSWORD_FILE")" |
         curl -sS -m 5 -K - -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MLFLOW_PORT$MLFLOW_PROBE" 2>/dev/null || true
 }
