@@ -262,7 +262,7 @@ ensure_mlflow_auth() {
     new_secret "$MLFLOW_SECRET_FILE"
     # NO_PERMISSIONS: a user other than the admin sees nothing until granted (the admin can do everything).
     # auth_cache_ttl_seconds: a checked password is remembered for 60 s instead of being hashed again (scrypt)
-    # on every request: that costs 0.3-1 s of CPU per request here, and a job makes hundreds. A password
+    # on every request: that costs 0.3-1 s of CPU per request on 2 cores, and a 2-step job makes ~85. A password
     # change through the API clears the entry at once (one uvicorn worker here, MLFLOW_WORKERS=1).
     ( umask 077; cat >"$MLFLOW_AUTH_INI" <<EOF
 [mlflow]
