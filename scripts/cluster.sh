@@ -4,15 +4,34 @@
 #   scripts/cluster.sh up       start a Ray head and an MLflow server, wait until both are healthy
 #   scripts/cluster.sh status   show what runs, with pids and health (exit 0 healthy, 1 unhealthy, 3 not running)
 #   scripts/cluster.sh down     stop exactly the processes `up` started (never `ray stop`)
+#   scripts/cluster.sh rotate-mlflow-password
+#                               new random MLflow admin password (MLflow's update-password API), written
+#                               to $CLUSTER_DIR/mlflow-password; restart (down, up) so Ray's jobs get it
 #
-# Ports (all configurable; non-default so they don't collide with a developer's own Ray/MLflow):
-#   RAY_PORT=6380          Ray GCS. Ray itself binds this on all interfaces (token auth is on).
-#   DASH_PORT=8266         Ray dashboard + job submission API, bound to 127.0.0.1.
-#   MLFLOW_PORT=5001       MLflow tracking server + registry + artifact proxy, bound to 127.0.0.1.
+# Everything listens on 127.0.0.1 only (checked by tests/test_cluster_job.py with `ss`):
+#   RAY_PORT=6380          Ray GCS (token auth).
+#   DASH_PORT=8266         Ray dashboard + job submission API (token auth).
+#   MLFLOW_PORT=5001       MLflow tracking server + registry + artifact proxy (basic auth; /health is open).
 #   RAY_CLIENT_PORT=10011  Ray client server (Ray's default 10001 would collide with other heads).
 #   RAY_DASH_AGENT_PORT=52375, RAY_AUTOSCALER_METRIC_PORT=44237, RAY_DASHBOARD_METRIC_PORT=44247,
 #   RAY_MIN_WORKER_PORT..RAY_MAX_WORKER_PORT=20002..29999: Ray's other fixed ports, moved off the
-#   defaults for the same reason. Other Ray ports (raylet, object manager, agents) are picked free.
+#   defaults so they don't collide with a developer's own Ray. Other Ray ports (raylet, object
+#   manager, agents, metrics export) are picked free.
+# How: `ray start --node-ip-address=127.0.0.1` alone is not enough on Linux: Ray replaces a loopback
+#   node IP with the machine's address (services.resolve_ip_for_localhost). With
+#   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray's single-machine mode, the default on macOS/Windows) the
+#   node IP stays 127.0.0.1 and Ray 2.60 binds its gRPC servers, agents, client server and metrics
+#   servers to the node IP. The variable is inherited by every Ray process, job drivers included;
+#   a client that talks to the GCS directly (`ray status`, `ray.init(address=...)`) needs it too.
+#
+# Secrets (none is ever on a command line; files are 0600, $CLUSTER_DIR is 0700):
+#   ~/.ray/auth_token (or $RAY_AUTH_TOKEN_PATH)  Ray token: created with umask 077, chmod 600 if it existed.
+#   $CLUSTER_DIR/mlflow-password      MLflow admin password (user "admin"), random, created once.
+#   $CLUSTER_DIR/mlflow-flask-secret  the basic-auth app's CSRF key, random, created once.
+#   $CLUSTER_DIR/mlflow-auth.ini, mlflow-auth.db  MLflow basic-auth config and user store.
+#   `mlflow server --app-name basic-auth` gets the admin password as MLFLOW_AUTH_ADMIN_PASSWORD in its
+#   environment; `ray start` gets MLFLOW_TRACKING_USERNAME/PASSWORD in its environment, so job
+#   drivers on this head inherit them without a runtime env (whose env_vars Ray logs).
 # Other knobs: VENV=.venv, RAY_NUM_CPUS=2, UP_TIMEOUT=120 (s), MLFLOW_WORKERS=1,
 #   CLUSTER_DIR=<repo>/.cluster, RAY_TEMP_DIR=$CLUSTER_DIR/ray.
 #
@@ -56,6 +75,14 @@ MLFLOW_SID_FILE="$CLUSTER_DIR/mlflow.sid"
 MLFLOW_SNAP="$CLUSTER_DIR/mlflow.pids"
 RAY_LOG="$CLUSTER_DIR/ray-start.log"
 MLFLOW_LOG="$CLUSTER_DIR/mlflow.log"
+MLFLOW_USER=admin
+MLFLOW_PASSWORD_FILE="$CLUSTER_DIR/mlflow-password"
+MLFLOW_SECRET_FILE="$CLUSTER_DIR/mlflow-flask-secret"
+MLFLOW_AUTH_INI="$CLUSTER_DIR/mlflow-auth.ini"
+MLFLOW_AUTH_DB="$CLUSTER_DIR/mlflow-auth.db"
+RAY_TOKEN_FILE="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
+# Ray's single-machine mode: the node IP stays 127.0.0.1, so every Ray server binds to loopback only.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 
 die() { echo "cluster.sh: error: $*" >&2; exit 1; }
 say() { echo "cluster.sh: $*"; }
@@ -165,10 +192,20 @@ EOF
 }
 
 ray_healthy() {
-    RAY_AUTH_MODE=token "$BIN/ray" status --address "127.0.0.1:$RAY_PORT" >/dev/null 2>&1 &&
+    RAY_AUTH_MODE=token timeout 20 "$BIN/ray" status --address "127.0.0.1:$RAY_PORT" >/dev/null 2>&1 &&
         curl -fsS -m 3 "http://127.0.0.1:$DASH_PORT/api/gcs_healthz" >/dev/null 2>&1
 }
 mlflow_healthy() { curl -fsS -m 3 "http://127.0.0.1:$MLFLOW_PORT/health" >/dev/null 2>&1; }
+
+MLFLOW_PROBE="/api/2.0/mlflow/experiments/search?max_results=1"
+mlflow_status_anonymous() {  # HTTP status of a request without credentials (401 when auth is on)
+    curl -sS -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MLFLOW_PORT$MLFLOW_PROBE" 2>/dev/null || true
+}
+mlflow_status_admin() {  # HTTP status with the admin credentials; curl reads them from stdin (-K -), not argv
+    [ -s "$MLFLOW_PASSWORD_FILE" ] || { echo "none (no $MLFLOW_PASSWORD_FILE)"; return 0; }
+    printf 'user = "%s:%s"\n' "$MLFLOW_USER" "$(cat "$MLFLOW_PASSWORD_FILE")" |
+        curl -sS -m 5 -K - -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MLFLOW_PORT$MLFLOW_PROBE" 2>/dev/null || true
+}
 
 wait_healthy() {  # name check_fn deadline(epoch s) sid_file snapshot_file
     local name="$1" fn="$2" deadline="$3"
@@ -183,35 +220,80 @@ wait_healthy() {  # name check_fn deadline(epoch s) sid_file snapshot_file
 print_env() {
     cat <<EOF
 
-Ray GCS        127.0.0.1:$RAY_PORT  (Ray binds it on all interfaces; token auth is on)
+Ray GCS        127.0.0.1:$RAY_PORT  (every Ray port on 127.0.0.1 only; token auth: $RAY_TOKEN_FILE)
 Ray dashboard  http://127.0.0.1:$DASH_PORT  (also the job submission API)
-MLflow         http://127.0.0.1:$MLFLOW_PORT  (store: $CLUSTER_DIR/mlflow.db, artifacts: $CLUSTER_DIR/mlartifacts)
-Jobs submitted here already see MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT.
+MLflow         http://127.0.0.1:$MLFLOW_PORT  (basic auth, user $MLFLOW_USER; store: $CLUSTER_DIR/mlflow.db, artifacts: $CLUSTER_DIR/mlartifacts)
+Jobs submitted here already see MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT and the MLflow credentials.
 
 export RAY_ADDRESS=http://127.0.0.1:$DASH_PORT
 export MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT
 export RAY_AUTH_MODE=token
+export MLFLOW_TRACKING_USERNAME=$MLFLOW_USER
+export MLFLOW_TRACKING_PASSWORD="\$(cat $MLFLOW_PASSWORD_FILE)"
+# only for clients that talk to the GCS directly (ray status, ray.init(address=...)):
+# export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 EOF
+}
+
+# ---------------------------------------------------------------- secrets
+new_secret() {  # a random secret into file $1 (mode 0600), unless it already has one; never printed
+    if [ -s "$1" ]; then chmod 600 "$1"; return 0; fi
+    ( umask 077
+      "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$1.tmp" && mv -f "$1.tmp" "$1" ) ||
+        die "could not write $1"
+}
+
+ensure_ray_token() {
+    # `ray start` turns token auth on only when a token already exists (unlike ray.init, it never creates one),
+    # so on a fresh machine it would start an open job API: make sure there is a token (created with umask
+    # 077, so the file is 0600 and a new ~/.ray is 0700), and ask for token mode.
+    ( umask 077; "$BIN/ray" get-auth-token --generate >/dev/null 2>&1 ) ||
+        die "could not create a Ray auth token ($RAY_TOKEN_FILE)"
+    if [ -n "${RAY_AUTH_TOKEN:-}" ] && [ ! -f "$RAY_TOKEN_FILE" ]; then return 0; fi   # token from the environment
+    [ -f "$RAY_TOKEN_FILE" ] || die "no Ray token file at $RAY_TOKEN_FILE after ray get-auth-token --generate"
+    chmod 600 "$RAY_TOKEN_FILE"   # a token made earlier (ray.init, an older cluster.sh) may be world-readable
+}
+
+ensure_mlflow_auth() {
+    if [ -f "$MLFLOW_AUTH_DB" ] && [ ! -s "$MLFLOW_PASSWORD_FILE" ]; then
+        die "$MLFLOW_AUTH_DB has an admin user but $MLFLOW_PASSWORD_FILE is gone; restore the file, or delete $MLFLOW_AUTH_DB to create a new admin (tracking data in mlflow.db is kept)"
+    fi
+    new_secret "$MLFLOW_PASSWORD_FILE"
+    new_secret "$MLFLOW_SECRET_FILE"
+    # NO_PERMISSIONS: a user other than the admin sees nothing until granted (the admin can do everything).
+    # auth_cache_ttl_seconds: a checked password is remembered for 60 s instead of being hashed again (scrypt)
+    # on every request: that costs 0.3-1 s of CPU per request on 2 cores, and a 2-step job makes ~85. A password
+    # change through the API clears the entry at once (one uvicorn worker here, MLFLOW_WORKERS=1).
+    ( umask 077; cat >"$MLFLOW_AUTH_INI" <<EOF
+[mlflow]
+default_permission = NO_PERMISSIONS
+database_uri = sqlite:///$MLFLOW_AUTH_DB
+admin_username = $MLFLOW_USER
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+auth_cache_ttl_seconds = 60
+EOF
+    )
 }
 
 # ---------------------------------------------------------------- start / stop pieces
 start_ray() {
     # Unix socket paths are limited to 107 bytes; Ray puts its sockets under the session dir.
     local probe="$RAY_TEMP_DIR/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store"
-    [ "${#probe}" -le 107 ] || die "RAY_TEMP_DIR=$RAY_TEMP_DIR is too long for Ray's unix sockets; set RAY_TEMP_DIR to a shorter path (e.g. /tmp/ropim-ray-$USER)"
-    mkdir -p "$RAY_TEMP_DIR"
-    # `ray start` turns token auth on only when a token already exists (unlike ray.init, it never creates one),
-    # so on a fresh machine it would start an open job API: make sure there is a token, and ask for token mode.
-    "$BIN/ray" get-auth-token --generate >/dev/null || die "could not create a Ray auth token (~/.ray/auth_token)"
+    [ "${#probe}" -le 107 ] || die "RAY_TEMP_DIR=$RAY_TEMP_DIR is too long for Ray's unix sockets; set RAY_TEMP_DIR to a shorter path inside a private directory (e.g. RAY_TEMP_DIR=$(mktemp -d)/ray: Ray makes its temp dir world-writable, the parent keeps others out)"
+    ( umask 077; mkdir -p "$RAY_TEMP_DIR" )   # Ray chmods it 0777 itself; $CLUSTER_DIR (0700) keeps others out
+    ensure_ray_token
     set +m
-    # setsid: new session whose id is the pid we record; Ray's daemons inherit it.
+    # setsid: new session whose id is the pid we record; Ray's daemons inherit it, and its environment:
+    # job drivers on this head get the MLflow URI and credentials from here (no runtime env needed).
     RAY_AUTH_MODE=token \
     MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT" \
+    MLFLOW_TRACKING_USERNAME="$MLFLOW_USER" \
+    MLFLOW_TRACKING_PASSWORD="$(cat "$MLFLOW_PASSWORD_FILE")" \
     AUTOSCALER_METRIC_PORT="$RAY_AUTOSCALER_METRIC_PORT" \
     DASHBOARD_METRIC_PORT="$RAY_DASHBOARD_METRIC_PORT" \
     PATH="$BIN:$PATH" \
         setsid "$BIN/ray" start --head \
-            --port="$RAY_PORT" --num-cpus="$RAY_NUM_CPUS" \
+            --node-ip-address=127.0.0.1 --port="$RAY_PORT" --num-cpus="$RAY_NUM_CPUS" \
             --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" --include-dashboard=true \
             --ray-client-server-port="$RAY_CLIENT_PORT" \
             --dashboard-agent-listen-port="$RAY_DASH_AGENT_PORT" \
@@ -233,8 +315,13 @@ start_ray() {
 start_mlflow() {
     mkdir -p "$CLUSTER_DIR/mlartifacts"
     set +m
+    # basic-auth app: anonymous requests get 401 (/health stays open); secrets only in the environment
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
-        setsid nohup "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" \
+    MLFLOW_AUTH_CONFIG_PATH="$MLFLOW_AUTH_INI" \
+    MLFLOW_AUTH_ADMIN_USERNAME="$MLFLOW_USER" \
+    MLFLOW_AUTH_ADMIN_PASSWORD="$(cat "$MLFLOW_PASSWORD_FILE")" \
+    MLFLOW_FLASK_SERVER_SECRET_KEY="$(cat "$MLFLOW_SECRET_FILE")" \
+        setsid nohup "$BIN/mlflow" server --app-name basic-auth --host 127.0.0.1 --port "$MLFLOW_PORT" \
             --workers "$MLFLOW_WORKERS" \
             --backend-store-uri "sqlite:///$CLUSTER_DIR/mlflow.db" \
             --artifacts-destination "$CLUSTER_DIR/mlartifacts" \
@@ -282,7 +369,9 @@ cmd_up() {
     [ -x "$BIN/ray" ] && [ -x "$BIN/mlflow" ] || die "no ray/mlflow in $BIN; set VENV or run 'make install'"
     command -v setsid >/dev/null || die "setsid not found (util-linux)"
     command -v curl >/dev/null || die "curl not found"
-    mkdir -p "$CLUSTER_DIR"
+    "$BIN/python" -c "import flask_wtf" 2>/dev/null ||
+        die "MLflow's basic-auth app needs the auth extra: $BIN/pip install 'mlflow[auth]>=3.17,<4' (or make install)"
+    ( umask 077; mkdir -p "$CLUSTER_DIR" ) && chmod 700 "$CLUSTER_DIR"
     T_START=$(date +%s)
     local ray_running=no mlflow_running=no
     alive_sid "$RAY_SID_FILE" "$RAY_SNAP" >/dev/null && ray_running=yes
@@ -304,6 +393,7 @@ cmd_up() {
         port_busy "$MLFLOW_PORT" && die "port $MLFLOW_PORT (MLFLOW_PORT) is already in use by another process; pick another: MLFLOW_PORT=<port> $0 up"
     fi
     local deadline=$(( T_START + UP_TIMEOUT ))
+    ensure_mlflow_auth
     # mlflow first: it starts in the background and warms up while `ray start` runs.
     [ "$mlflow_running" = no ] && start_mlflow
     [ "$ray_running" = no ] && start_ray
@@ -317,6 +407,13 @@ cmd_up() {
         stop_ray; stop_mlflow
         die "mlflow did not become healthy (timeout ${UP_TIMEOUT}s); stopped what was started (log: $MLFLOW_LOG)"
     fi
+    local anon admin
+    anon="$(mlflow_status_anonymous)"; admin="$(mlflow_status_admin)"
+    if [ "$anon" != 401 ] || [ "$admin" != 200 ]; then
+        stop_ray; stop_mlflow
+        die "mlflow auth check failed: anonymous request -> HTTP $anon (want 401), admin -> HTTP $admin (want 200); if the admin password in $MLFLOW_PASSWORD_FILE was changed by hand, put the old one back or delete $MLFLOW_AUTH_DB. Stopped what was started (log: $MLFLOW_LOG)"
+    fi
+    say "mlflow auth: anonymous -> $anon, admin -> $admin"
     snapshot "$(cat "$RAY_SID_FILE")" "$RAY_SNAP"          # now with dashboard children, workers
     snapshot "$(cat "$MLFLOW_SID_FILE")" "$MLFLOW_SNAP"    # now with uvicorn
     say "up in $(( $(date +%s) - T_START ))s"
@@ -351,7 +448,8 @@ cmd_status() {
     fi
     if sid="$(alive_sid "$MLFLOW_SID_FILE" "$MLFLOW_SNAP")"; then
         echo "mlflow: running (session $sid, $(session_members "$sid" | wc -l) processes)"
-        if mlflow_healthy; then echo "        healthy: http://127.0.0.1:$MLFLOW_PORT"
+        if mlflow_healthy; then echo "        healthy: http://127.0.0.1:$MLFLOW_PORT" \
+            "(anonymous -> HTTP $(mlflow_status_anonymous), admin -> HTTP $(mlflow_status_admin))"
         else echo "        NOT healthy (log: $MLFLOW_LOG)"; rc=1; fi
     else
         echo "mlflow: not running"; rc=3
@@ -360,9 +458,36 @@ cmd_status() {
     return "$rc"
 }
 
+cmd_rotate_mlflow_password() {
+    # MLflow's update-password API (what mlflow.server.auth.client.AuthServiceClient.update_user_password
+    # calls). Old and new password go from files to the request inside Python: never on a command line.
+    alive_sid "$MLFLOW_SID_FILE" "$MLFLOW_SNAP" >/dev/null && mlflow_healthy || die "mlflow is not up"
+    [ -s "$MLFLOW_PASSWORD_FILE" ] || die "no $MLFLOW_PASSWORD_FILE"
+    rm -f "$MLFLOW_PASSWORD_FILE.new"
+    new_secret "$MLFLOW_PASSWORD_FILE.new"
+    "$BIN/python" - "http://127.0.0.1:$MLFLOW_PORT" "$MLFLOW_USER" "$MLFLOW_PASSWORD_FILE" "$MLFLOW_PASSWORD_FILE.new" <<'EOF' ||
+import base64, json, sys, urllib.request
+from pathlib import Path
+uri, user, old_file, new_file = sys.argv[1:]
+old, new = Path(old_file).read_text().strip(), Path(new_file).read_text().strip()
+body = json.dumps({"username": user, "password": new, "current_password": old}).encode()
+req = urllib.request.Request(f"{uri}/api/2.0/mlflow/users/update-password", data=body, method="PATCH", headers={
+    "Content-Type": "application/json",
+    "Authorization": "Basic " + base64.b64encode(f"{user}:{old}".encode()).decode()})
+urllib.request.urlopen(req, timeout=30).read()
+EOF
+        { rm -f "$MLFLOW_PASSWORD_FILE.new"; die "update-password request failed; $MLFLOW_PASSWORD_FILE unchanged"; }
+    mv -f "$MLFLOW_PASSWORD_FILE.new" "$MLFLOW_PASSWORD_FILE"
+    [ "$(mlflow_status_admin)" = 200 ] || die "the new password in $MLFLOW_PASSWORD_FILE is not accepted"
+    say "new MLflow admin password in $MLFLOW_PASSWORD_FILE (the old one no longer works)"
+    say "Ray's processes still hold the old one: restart for jobs (scripts/cluster.sh down; scripts/cluster.sh up),"
+    say "and re-export MLFLOW_TRACKING_PASSWORD=\"\$(cat $MLFLOW_PASSWORD_FILE)\" in your shells"
+}
+
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    rotate-mlflow-password) cmd_rotate_mlflow_password ;;
+    *) echo "usage: $0 up|down|status|rotate-mlflow-password" >&2; exit 2 ;;
 esac
