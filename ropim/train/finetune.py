@@ -161,8 +161,10 @@ class FinetuneTask:
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "top1" in metrics:
+            eta = (self.cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]
             log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
-                     f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}%")
+                     f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}% "
+                     f"{metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
 
     def record(self, epochs: list[dict]) -> None:
         store.log_epochs(self.run_id, epochs, self.tracking)

@@ -170,7 +170,7 @@ class Loop:
         tally, t0 = EpochTally(torch.zeros((), device=device)), time.perf_counter()
         batches = self.data.batches(epoch)
         try:
-            for i in range(self.steps):
+            for _ in range(self.steps):
                 for micro in range(cfg.accum_steps):
                     t_wait = time.perf_counter()
                     batch = next(batches)
@@ -189,7 +189,7 @@ class Loop:
                 self.step += 1
                 tally.steps += 1
                 self.scheduler.step_update(self.step)
-                if worker.rank == 0 and (self.step % cfg.log_every == 0 or i + 1 == self.steps):
+                if worker.rank == 0 and self.step % cfg.log_every == 0:  # the task's epoch line ends an epoch
                     self.progress(epoch, loss, tally, t0)
         except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
             pass

@@ -135,7 +135,8 @@ class PretrainTask:
         cfg, epoch = self.cfg, metrics["epoch"]
         quality = "".join(f" {k} {metrics[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in metrics)
         log.info(f"[pretrain] epoch {epoch}/{cfg.epochs} loss {metrics['loss']:.4f} {metrics['img_per_s']:.1f} img/s "
-                 f"data wait {100 * metrics['data_wait_share']:.1f}% {metrics['epoch_time_s']:.1f} s{quality}")
+                 f"data wait {100 * metrics['data_wait_share']:.1f}% {metrics['epoch_time_s']:.1f} s{quality} "
+                 f"ETA {(cfg.epochs - epoch) * metrics['epoch_time_s'] / 60:.1f} min")
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
             log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)
 
