@@ -125,9 +125,11 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     created = written(fixtures) - before
     stores = {p for p in created if Path(p).name.startswith("mlflow-")}  # a lookup opens the sqlite store, empty
     assert created - stores == set(), created - stores  # no ray_results, no shards, nothing outside the folder
+    case_of = {f"mlflow-{abs(hash(case))}.db": case for case in CASES}
     for store_file in stores:
         from mlflow.tracking import MlflowClient
 
-        c = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}")
-        assert not c.search_runs([e.experiment_id for e in c.search_experiments()])  # no MLflow run
-        assert not c.search_model_versions()  # no registered version
+        c, case = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}"), case_of.get(Path(store_file).name)
+        assert not c.search_runs([e.experiment_id for e in c.search_experiments()]), case  # no MLflow run
+        versions = c.search_model_versions()
+        assert not versions, (case, store_file, [(v.name, v.version, v.run_id, v.source) for v in versions])
