@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ropim.checks import COUNT, SEED, Range, check_fields, check_run_name
+from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
 from tune.spaces import max_value, n_grid_points, validate_space
 
@@ -66,6 +66,7 @@ class SweepConfig:
         check_fields(self, {"num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
                             "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
         check_run_name(self.name, "name")
+        check_location(self.storage_path, "storage_path")
         if self.pretrain.get("num_workers", 1) < 1:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
         validate_space(self.space, self.search, self.pretrain)

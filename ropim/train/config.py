@@ -14,6 +14,7 @@ from ropim.checks import (
     Range,
     check_fields,
     check_local_resources,
+    check_location,
     check_run_name,
 )
 from ropim.core.config import ModelConfig
@@ -122,6 +123,7 @@ class PretrainConfig:
 
     def validate(self) -> PretrainConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
+        check_location(self.storage_path, "storage_path")
         self.model.validate()
         self.data.validate()
         check_fields(self, {**LOOP_RULES, "global_batch_size": COUNT, "accum_steps": COUNT,
@@ -216,6 +218,8 @@ class FinetuneConfig:
 
     def validate(self) -> FinetuneConfig:
         """Raise ConfigError naming the bad field and its fix."""
+        check_location(self.storage_path, "storage_path")
+        check_location(self.encoder, "encoder")
         self.data.validate()
         check_fields(self, {**LOOP_RULES, "batch_size": COUNT, "eval_every": COUNT,
                             "layer_decay": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
@@ -231,9 +235,6 @@ class FinetuneConfig:
             raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
                               f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
         check_precision(self.precision, self.use_gpu)
-        if self.num_workers == 0 and "://" in self.storage_path:
-            raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
-                              "in a local folder; give one, or use num_workers ≥ 1")
         return self
 
     def check_resources(self) -> None:
