@@ -107,10 +107,14 @@ class FitResult:
 
     @property
     def checkpoint_path(self) -> str | None:
-        """Where the latest checkpoint is (a folder or a URI)."""
+        """Where the latest checkpoint is (a folder or a URI: a Ray checkpoint's path on remote storage lacks the
+        scheme, e.g. ``bucket/runs/…`` for ``s3://bucket/runs/…``, and would read as a local folder)."""
         if self.checkpoint is None:
             return None
-        return str(getattr(self.checkpoint, "path", self.checkpoint))
+        path = str(getattr(self.checkpoint, "path", self.checkpoint))
+        kind = getattr(getattr(self.checkpoint, "filesystem", None), "type_name", "local")
+        scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}.get(kind)
+        return f"{scheme}://{path}" if scheme and "://" not in path else path
 
     @contextlib.contextmanager
     def checkpoint_dir(self) -> Iterator[Path]:
@@ -127,8 +131,9 @@ class FitResult:
 
 def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, *,
                   callbacks: list | None = None, datasets: dict | None = None, storage_path: str | None = None):
-    """The TorchTrainer of a job: ``job.num_workers`` workers, a run named ``job.run_name`` under its storage path
-    (re-running the name resumes from its latest checkpoint), ``keep_checkpoints``, ``max_failures``."""
+    """The TorchTrainer of a job: ``job.num_workers`` workers (elastic down to ``job.min_workers``) placed by
+    ``job.placement_strategy``, a run named ``job.run_name`` under its storage path (re-running the name resumes from
+    its latest checkpoint), ``keep_checkpoints``, ``max_failures``."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -137,8 +142,9 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
         functools.partial(on_ray, fn),
         train_loop_config=loop_config,
         datasets=datasets,
-        scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
-                                     resources_per_worker={"CPU": job.cpus_per_worker}),
+        scaling_config=ScalingConfig(num_workers=worker_count(job), use_gpu=job.use_gpu,
+                                     resources_per_worker={"CPU": job.cpus_per_worker},
+                                     placement_strategy=job.placement_strategy),
         run_config=RunConfig(
             name=job.run_name,
             storage_path=storage if "://" in storage else str(Path(storage).absolute()),
@@ -148,6 +154,13 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
+
+
+def worker_count(job: PretrainConfig | FinetuneConfig) -> int | tuple[int, int]:
+    """``num_workers``, or Ray Train's elastic ``(min_workers, num_workers)`` when ``min_workers`` is lower."""
+    if job.min_workers is not None and job.min_workers < job.num_workers:
+        return job.min_workers, job.num_workers
+    return job.num_workers
 
 
 def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
