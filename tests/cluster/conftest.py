@@ -9,6 +9,7 @@ name, and the Ray cluster lives in a private temp folder, so a developer's own R
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -188,6 +189,7 @@ class RayCluster:
     env: dict[str, str]  # environment given to every worker node's processes
     temp_root: Path  # RAY_TMPDIR of the cluster: sessions, logs, runtime-env records
     nodes: dict[str, Any] = field(default_factory=dict)  # name -> ray._private.node.Node, as add_node returns it
+    added: int = 0  # worker nodes started so far
 
     @property
     def address(self) -> str:
@@ -202,8 +204,12 @@ class RayCluster:
         """Start worker node ``name`` (a new one, e.g. a replacement after ``remove(name)``); return its node id."""
         if name in self.nodes:
             raise ValueError(f"node {name!r} is running; remove it first")
+        # Every node its own runtime-env folder, as its own disk would give it: nodes that shared one would delete
+        # a job's working_dir under its driver when another node's agent collects the package it no longer uses.
+        self.added += 1
         self.nodes[name] = self.cluster.add_node(num_cpus=num_cpus, resources={f"node_{name}": 1},
-                                                 labels={NODE_LABEL: name}, env_vars=self.env)
+                                                 labels={NODE_LABEL: name}, env_vars=self.env,
+                                                 runtime_env_dir_name=f"runtime_resources_{name}{self.added}")
         return self.nodes[name].node_id
 
     def remove(self, name: str) -> None:
@@ -279,6 +285,76 @@ def mlflow_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory)
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", proc, log, timeout=120)
+        yield MlflowServer(uri=uri, artifacts=artifacts, log=log)
+    finally:
+        stop_process(proc)
+
+
+@dataclass(frozen=True)
+class Database:
+    """Where an MLflow server keeps runs and the registry: a PostgreSQL server of its own, or sqlite."""
+
+    uri: str  # the backend store URI
+    kind: str  # "postgresql" or "sqlite"
+    why: str  # why sqlite, when it is
+
+
+def postgres_bin() -> Path | None:
+    """The folder of PostgreSQL's server programs (initdb, pg_ctl), when installed."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if found:
+        return found[-1].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def as_postgres(*cmd: str) -> list[str]:
+    """``cmd`` as the ``postgres`` user (initdb refuses root) when this is root."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """A PostgreSQL server on 127.0.0.1 (trust authentication, a temp data folder, stopped at the end) with a
+    database ``mlflow``; sqlite when PostgreSQL or the ``postgres`` user is missing (``why`` says so)."""
+    bin_dir = postgres_bin()
+    if bin_dir is None or (os.geteuid() == 0 and shutil.which("runuser") is None):
+        yield Database(f"sqlite:///{tmp_path_factory.mktemp('db') / 'mlflow.db'}", "sqlite",
+                       "PostgreSQL's initdb is not installed" if bin_dir is None else "no runuser to leave root")
+        return
+    import pwd
+
+    folder = Path(tempfile.mkdtemp(prefix="ropim-pg-"))  # outside pytest's root-only temp root: postgres reads it
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    data, port = folder / "data", free_port()
+    run = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
+    try:
+        run(as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"))
+        run(as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w", "-o",
+                        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"))
+        run(as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"))
+        yield Database(f"postgresql+psycopg://postgres@127.0.0.1:{port}/mlflow", "postgresql", "")
+    finally:
+        subprocess.run(as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"),
+                       capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mlflow_db_server(database: Database, s3_server: S3Server,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """``mlflow server`` as ``mlflow_server``, its runs and registry in ``database`` (PostgreSQL when there)."""
+    log = tmp_path_factory.mktemp("mlflow-db") / "server.log"
+    port = free_port()
+    artifacts = s3_server.uri("mlartifacts-db")
+    proc = start_process([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                          "--workers", "1", "--backend-store-uri", database.uri, "--artifacts-destination", artifacts],
+                         log, env={**os.environ, **s3_server.env})
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{uri}/health", proc, log, timeout=180)
         yield MlflowServer(uri=uri, artifacts=artifacts, log=log)
     finally:
         stop_process(proc)
