@@ -79,7 +79,8 @@ LOOP_RULES = {
 
 def check_placement(job: PretrainConfig | FinetuneConfig, batch: int, divisor: int = 1) -> None:
     """``placement_strategy`` is a Ray strategy; ``min_workers`` (elastic) lies in [1, num_workers] and the global
-    batch ``batch`` splits evenly over every worker count the run may restart with."""
+    batch ``batch`` splits evenly over it too (as over ``num_workers``). Counts in between take ``batch // workers``
+    each: the global batch then shrinks by less than one micro batch, the step count and schedule stay."""
     if job.placement_strategy not in PLACEMENTS:
         raise ConfigError(f"placement_strategy={job.placement_strategy!r}: choose one of {', '.join(PLACEMENTS)}")
     if job.min_workers is None:
@@ -87,11 +88,10 @@ def check_placement(job: PretrainConfig | FinetuneConfig, batch: int, divisor: i
     if not Range(1, job.num_workers, integer=True).holds(job.min_workers):
         raise ConfigError(f"min_workers={job.min_workers!r}: must be an integer in [1, num_workers={job.num_workers}]"
                           " (or null: always num_workers)")
-    uneven = [n for n in range(job.min_workers, job.num_workers + 1) if batch % (n * divisor)]
-    if uneven:
-        raise ConfigError(f"min_workers={job.min_workers}: the batch of {batch} does not split evenly over "
-                          f"{', '.join(map(str, uneven))} workers, which an elastic restart may use; raise min_workers "
-                          "or pick a batch divisible by every worker count in [min_workers, num_workers]")
+    if batch % (job.min_workers * divisor):
+        raise ConfigError(f"min_workers={job.min_workers}: the global batch of {batch} is not divisible by "
+                          f"min_workers={job.min_workers}" + (f" × accum_steps={divisor}" if divisor > 1 else "")
+                          + ", the worker count an elastic restart may fall back to")
 
 
 def check_precision(precision: str, use_gpu: bool) -> None:
