@@ -6,7 +6,7 @@ PYTHON ?= python3
 # pip prints one "Location ... is ignored" line per package for this machine's local indexes; hide them.
 QUIET_PIP := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test lint bench cluster-up cluster-down cluster-status clean
+.PHONY: demo test test-cluster lint bench cluster-up cluster-down cluster-status clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(VENV)/.installed
 
 test: lint
 	$(VENV)/bin/pytest
+
+# the multi-node tests (tests/cluster, marker `cluster`): an S3 server, MLflow servers and a Ray cluster of a head
+# and two worker nodes on this machine; `make test` leaves them out
+test-cluster: $(VENV)/.installed
+	$(VENV)/bin/pytest -m cluster tests/cluster
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/rop_overhead.py

@@ -74,6 +74,26 @@ def check_run_name(name: str | None, field: str = "run_name") -> None:
                           "absolute paths), at most 128 characters, e.g. my-run-1")
 
 
+CREDENTIAL_QUERY = re.compile(r"key|secret|token|password|credential|signature", re.IGNORECASE)
+
+
+def check_location(location: str | None, field: str) -> None:
+    """A storage or data URI may not carry credentials (``s3://KEY:SECRET@bucket/…``, ``?secret_key=…``): they would
+    be logged with the run's config (MLflow params) and printed. ConfigError pointing to the environment variables,
+    showing the URI without them."""
+    if not isinstance(location, str) or "://" not in location:
+        return
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(location)
+    secret_query = any(CREDENTIAL_QUERY.search(k) for k, _ in parse_qsl(parts.query, keep_blank_values=True))
+    if "@" in parts.netloc or secret_query:
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+        raise ConfigError(f"{field}={shown} (credentials removed): a URI may not carry credentials, they would be "
+                          "logged with the run's config; give them as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and "
+                          "AWS_SESSION_TOKEN) environment variables, AWS_PROFILE, or the node's instance role")
+
+
 def visible_gpus() -> int:
     """GPUs this machine exposes (NVIDIA device files), without importing torch."""
     import glob

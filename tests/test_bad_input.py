@@ -17,6 +17,7 @@ from ropim.checks import visible_gpus
 
 PRE = ("pretrain", "--preset", "digits_demo")
 FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 CASES = {  # id: (argv, what the one line must name)
     "rho above 1": ((*PRE, "--model.rho", "1.5"), "rho=1.5"),
     "rho zero": ((*PRE, "--model.rho", "0"), "rho=0"),
@@ -50,6 +51,11 @@ CASES = {  # id: (argv, what the one line must name)
     "fp16 on CPU": ((*PRE, "--precision", "fp16"), "precision='fp16' needs use_gpu"),
     "unknown precision": ((*PRE, "--precision", "fp64"), "precision='fp64'"),
     "unknown ingest": ((*PRE, "--ingest", "dask"), "ingest='dask'"),
+    "unknown placement": ((*PRE, "--placement_strategy", "spread"), "placement_strategy='spread'"),
+    "min_workers above num_workers": ((*PRE, "--min_workers", "3"),
+                                      "min_workers=3: must be an integer in [1, num_workers=2]"),
+    "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
+                                 "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
     "val fraction above 1": ((*PRE, "--data.val_fraction", "1.5"), "val_fraction=1.5"),
     "unknown data format": ((*PRE, "--data.format", "tiff"), '"data.format"'),
@@ -73,6 +79,17 @@ CASES = {  # id: (argv, what the one line must name)
     "sweep name escapes": (("sweep", "--name", "../x"), "name='../x'"),
     "missing model version": (("models", "show", "models:/ropim-encoder/7"), "no such registered version"),
     "unreachable MLflow": ((*PRE,), "MLflow server unreachable"),
+    # credentials in a URI would be logged with the config: refused, and the error line does not repeat them
+    "credentials in storage_path": ((*PRE, "--storage_path", f"s3://AKIAEXAMPLE:{SECRET}@bucket/runs"),
+                                    "storage_path=s3://bucket/runs (credentials removed)"),
+    "credentials in data source": ((*PRE, "--data.source", f"s3://bucket/digits?secret_key={SECRET}"),
+                                   "data.source=s3://bucket/digits (credentials removed)"),
+    "credentials in finetune storage": ((*FT, "--storage_path", f"s3://AKIAEXAMPLE:{SECRET}@bucket/runs"),
+                                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"),
+    "credentials in convert destination": (("data", "convert", "digits", f"s3://AKIAEXAMPLE:{SECRET}@bucket/d"),
+                                           "convert destination=s3://bucket/d (credentials removed)"),
+    "credentials in sweep storage": (("sweep", "--storage-path", f"s3://AKIAEXAMPLE:{SECRET}@bucket/sweeps"),
+                                     "storage_path=s3://bucket/sweeps (credentials removed)"),
 }
 if not visible_gpus():
     CASES["GPU without a GPU"] = ((*PRE, "--use_gpu", "true"), "use_gpu=true but this machine has no visible GPU")
@@ -119,7 +136,8 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     wrong = {}
     for case, proc in results.items():
         lines = proc.stderr.strip().splitlines()
-        if proc.returncode == 0 or len(lines) != 1 or CASES[case][1] not in lines[0] or "Ray" in proc.stdout:
+        if proc.returncode == 0 or len(lines) != 1 or CASES[case][1] not in lines[0] or "Ray" in proc.stdout \
+                or SECRET in proc.stdout + proc.stderr:
             wrong[case] = (proc.returncode, proc.stderr[-600:])
     assert not wrong, wrong
     created = written(fixtures) - before

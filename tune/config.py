@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ropim.checks import COUNT, SEED, Range, check_fields, check_run_name
+from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
 from tune.spaces import max_value, n_grid_points, validate_space
 
@@ -76,6 +76,7 @@ class SweepConfig:
         if self.metric == "finetune_top1" and self.scheduler == "asha":
             raise ConfigError("metric=finetune_top1 is measured once, after a trial's last epoch: ASHA has no "
                               "intermediate values to stop on; use --scheduler none")
+        check_location(self.storage_path, "storage_path")
         if self.pretrain.get("num_workers", 1) < 1:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
         validate_space(self.space, self.search, self.pretrain)

@@ -65,8 +65,8 @@ def collect_rows(grid, cfg: SweepConfig, uri: str, parent_run_id: str) -> list[d
         epochs_run = metrics.get("epoch")
         if result.error is not None:
             status = "error"
-        elif not metrics.get("done"):
-            status = "unfinished"
+        elif not metrics.get("done") and epochs_run != full["epochs"]:  # a trial that reached its last epoch is
+            status = "unfinished"  # done even when Tune's saved state lacks `done` (driver killed as it ended)
         else:
             status = "finished" if epochs_run == full["epochs"] else f"stopped early (ASHA) at epoch {epochs_run}"
         # Tune names trial folders <trainable>_<trial_id>_<creation index>_<params>…

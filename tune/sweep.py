@@ -79,9 +79,11 @@ def parser() -> ArgumentParser:
 def config_from_namespace(ns: Namespace) -> SweepConfig:
     """The sweep config from the parsed (instantiated) flags; ``--resume NAME`` loads the stored one."""
     if ns.resume:
+        from ropim.checks import check_location
         from ropim.errors import ConfigError
         from ropim.tracking.runs import read_run_meta
 
+        check_location(ns.storage_path, "storage_path")
         meta = read_run_meta(ns.storage_path, ns.resume)
         if meta is None:
             raise ConfigError(f"--resume {ns.resume}: no sweep of that name under --storage-path {ns.storage_path}")

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ropim.checks import COUNT, SEED, check_fields
+from ropim.checks import COUNT, SEED, check_fields, check_location
 from ropim.errors import ConfigError
 
 FORMATS = ("digits", "parquet", "cifar", "imagefolder")
@@ -35,6 +35,7 @@ class DataConfig:
         check_fields(self, {"split_seed": SEED, "max_pixels": COUNT}, "data.")
         if not self.source:
             raise ConfigError("data source is empty; give 'digits' or a path to the images")
+        check_location(self.source, "data.source")
         from ropim.data.layout import check_source  # pyarrow: only when a config is checked
 
         check_source(self.source, self.format)

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
+from ropim.checks import check_location
 from ropim.data.config import DataConfig
 from ropim.data.decode import BadImages, try_decode
 from ropim.data.layout import filesystem
@@ -177,6 +178,7 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     """Convert the source ``cfg`` to Parquet shards in ``dst`` (a folder or URI); resumable, see module doc."""
     if shard_size < 1:
         raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
+    check_location(dst, "convert destination")
     cfg.validate()
     if cfg.source != "digits":
         check_destination(cfg.source, dst)

@@ -100,8 +100,14 @@ class BadImageCounter:
 
 
 def new_bad_image_counter():
-    """A ``BadImageCounter`` actor handle (0 CPUs) to pass to ``build_ray_dataset(bad_images=...)``."""
-    return BadImageCounter.remote()
+    """A ``BadImageCounter`` actor handle (0 CPUs) to pass to ``build_ray_dataset(bad_images=...)``.
+
+    It lives on the caller's node (the job's driver: a lost worker node does not take it along, and the restarted
+    workers find it) and is restarted, empty, if that node goes anyway."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return BadImageCounter.options(scheduling_strategy=here, max_restarts=-1, max_task_retries=-1).remote()
 
 
 def bad_image_summary(counter) -> dict:

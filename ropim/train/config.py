@@ -14,6 +14,7 @@ from ropim.checks import (
     Range,
     check_fields,
     check_local_resources,
+    check_location,
     check_run_name,
 )
 from ropim.core.config import ModelConfig
@@ -23,10 +24,12 @@ from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")  # Ray placement-group strategies
 # Fields that may differ when a named run is continued; everything else must match the stored config.
-PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
+PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker",
+                      "placement_strategy", "min_workers")
 FINETUNE_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
-                      "dataloader_workers")
+                      "dataloader_workers", "placement_strategy", "min_workers")
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,23 @@ LOOP_RULES = {
 }
 
 
+def check_placement(job: PretrainConfig | FinetuneConfig, batch: int, divisor: int = 1) -> None:
+    """``placement_strategy`` is a Ray strategy; ``min_workers`` (elastic) lies in [1, num_workers] and the global
+    batch ``batch`` splits evenly over it too (as over ``num_workers``). Counts in between take ``batch // workers``
+    each: the global batch then shrinks by less than one micro batch, the step count and schedule stay."""
+    if job.placement_strategy not in PLACEMENTS:
+        raise ConfigError(f"placement_strategy={job.placement_strategy!r}: choose one of {', '.join(PLACEMENTS)}")
+    if job.min_workers is None:
+        return
+    if not Range(1, job.num_workers, integer=True).holds(job.min_workers):
+        raise ConfigError(f"min_workers={job.min_workers!r}: must be an integer in [1, num_workers={job.num_workers}]"
+                          " (or null: always num_workers)")
+    if batch % (job.min_workers * divisor):
+        raise ConfigError(f"min_workers={job.min_workers}: the global batch of {batch} is not divisible by "
+                          f"min_workers={job.min_workers}" + (f" × accum_steps={divisor}" if divisor > 1 else "")
+                          + ", the worker count an elastic restart may fall back to")
+
+
 def check_precision(precision: str, use_gpu: bool) -> None:
     """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
     if precision not in PRECISIONS:
@@ -101,6 +121,8 @@ class PretrainConfig:
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # with ingest=ray_data leave CPUs to Ray Data: 0.5 for 2 workers on 2 CPUs
+    placement_strategy: str = "PACK"  # workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)
+    min_workers: int | None = None  # elastic: after a node is lost, restart on as few as this (None: num_workers)
     ingest: str = "torch"  # torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded
     seed: int = 0
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
@@ -122,6 +144,7 @@ class PretrainConfig:
 
     def validate(self) -> PretrainConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
+        check_location(self.storage_path, "storage_path")
         self.model.validate()
         self.data.validate()
         check_fields(self, {**LOOP_RULES, "global_batch_size": COUNT, "accum_steps": COUNT,
@@ -135,6 +158,7 @@ class PretrainConfig:
                 f"× accum_steps={self.accum_steps}"
             )
         check_precision(self.precision, self.use_gpu)
+        check_placement(self, self.global_batch_size, self.accum_steps)
         if self.ingest not in INGESTS:
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
@@ -198,6 +222,8 @@ class FinetuneConfig:
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    placement_strategy: str = "PACK"  # workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)
+    min_workers: int | None = None  # elastic: after a node is lost, restart on as few as this (None: num_workers)
     dataloader_workers: int = 0  # DataLoader processes per worker
     seed: int = 0
     eval_every: int = 1  # epochs between val evaluations (the last epoch always evaluates)
@@ -216,6 +242,8 @@ class FinetuneConfig:
 
     def validate(self) -> FinetuneConfig:
         """Raise ConfigError naming the bad field and its fix."""
+        check_location(self.storage_path, "storage_path")
+        check_location(self.encoder, "encoder")
         self.data.validate()
         check_fields(self, {**LOOP_RULES, "batch_size": COUNT, "eval_every": COUNT,
                             "layer_decay": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
@@ -231,9 +259,7 @@ class FinetuneConfig:
             raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
                               f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
         check_precision(self.precision, self.use_gpu)
-        if self.num_workers == 0 and "://" in self.storage_path:
-            raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
-                              "in a local folder; give one, or use num_workers ≥ 1")
+        check_placement(self, self.batch_size)
         return self
 
     def check_resources(self) -> None:

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ropim.checks import check_location
 from ropim.console import ensure_logging
 from ropim.core.model import ROPIM, encoder_spec
 from ropim.data.datasets import build_dataset, count_images, pretrain_transform, validation_images
@@ -208,6 +209,7 @@ def resume_config(run_name: str, storage_path: str = "ray_results", **resumable)
     unknown = set(resumable) - set(PRETRAIN_RESUMABLE)
     if unknown:
         raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
+    check_location(storage_path, "storage_path")
     meta = read_run_meta(storage_path, run_name)
     if meta is None:
         raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")

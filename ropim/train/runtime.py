@@ -1,8 +1,6 @@
 """Where the training loop runs: the Ray session, the TorchTrainer of a job (``num_workers`` ≥ 1) or this process
-(``num_workers`` = 0), seen by the loop through one ``Worker`` interface, with the same checkpoint format.
-
-In-process checkpoints go to ``<storage_path>/<run_name>/in_process/checkpoint_<epoch>``, copied whole under a
-temporary name and renamed into place, the last ``keep_checkpoints`` kept (Ray Train does the same for its own).
+(``num_workers`` = 0, ``ropim.train.inprocess``), seen by the loop through one ``Worker`` interface, with the same
+checkpoint format.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ import contextlib
 import functools
 import json
 import logging
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +18,7 @@ import torch
 from ropim.errors import ConfigError
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.guard import Diverged, take_stop
+from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -90,49 +88,15 @@ class RayWorker:
         return torch.stack([t.cpu() for t in out])
 
     def report(self, metrics: dict, folder: Path | None) -> None:
+        """Report the epoch; with a checkpoint, return once Ray Train has committed it (registered as the run's
+        latest): ``ray.train.report`` returns after the upload, and the controller registers it up to a poll (~2 s)
+        later, so a node lost in between would restart the run from the checkpoint before, while the loop had
+        already recorded this epoch in MLflow and trained on."""
         import ray.train
 
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if folder else None)
-
-
-class LocalWorker:
-    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept."""
-
-    rank, world = 0, 1
-
-    def __init__(self, folder: Path, keep: int, use_gpu: bool = False) -> None:
-        self.folder, self.keep = folder, keep
-        self.device = torch.device("cuda" if use_gpu else "cpu")
-        self.metrics: dict = {}
-
-    def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first (a folder is complete once renamed into place)."""
-        return sorted(self.folder.glob("checkpoint_[0-9]*")) if self.folder.is_dir() else []
-
-    @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[str | None]:
-        found = self.checkpoints()
-        yield str(found[-1]) if found else None
-
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
-
-    def gather(self, values: torch.Tensor) -> torch.Tensor:
-        return values.unsqueeze(0)
-
-    def report(self, metrics: dict, folder: Path | None) -> None:
-        self.metrics = metrics
-        if folder is None:
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        dest = self.folder / f"checkpoint_{metrics['epoch']:06d}"
-        tmp = self.folder / f".tmp_{dest.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(folder, tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-        for old in self.checkpoints()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if folder is not None:
+            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 
 
 def on_ray(fn: WorkerFn, config: dict) -> None:
@@ -149,25 +113,33 @@ class FitResult:
 
     @property
     def checkpoint_path(self) -> str | None:
-        """Where the latest checkpoint is (a folder or a URI)."""
+        """Where the latest checkpoint is (a folder or a URI: a Ray checkpoint's path on remote storage lacks the
+        scheme, e.g. ``bucket/runs/…`` for ``s3://bucket/runs/…``, and would read as a local folder)."""
         if self.checkpoint is None:
             return None
-        return str(getattr(self.checkpoint, "path", self.checkpoint))
+        path = str(getattr(self.checkpoint, "path", self.checkpoint))
+        kind = getattr(getattr(self.checkpoint, "filesystem", None), "type_name", "local")
+        scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs", "abfs": "abfs"}.get(kind)
+        return f"{scheme}://{path}" if scheme and "://" not in path else path
 
     @contextlib.contextmanager
     def checkpoint_dir(self) -> Iterator[Path]:
         """The latest checkpoint as a local folder (downloaded from remote storage when needed)."""
         if isinstance(self.checkpoint, Path):
             yield self.checkpoint
-            return
-        with self.checkpoint.as_directory() as d:
-            yield Path(d)
+        elif isinstance(self.checkpoint, str):  # an in-process job's checkpoint on remote storage
+            with downloaded(self.checkpoint) as d:
+                yield d
+        else:
+            with self.checkpoint.as_directory() as d:
+                yield Path(d)
 
 
 def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, *,
                   callbacks: list | None = None, datasets: dict | None = None, storage_path: str | None = None):
-    """The TorchTrainer of a job: ``job.num_workers`` workers, a run named ``job.run_name`` under its storage path
-    (re-running the name resumes from its latest checkpoint), ``keep_checkpoints``, ``max_failures``."""
+    """The TorchTrainer of a job: ``job.num_workers`` workers (elastic down to ``job.min_workers``) placed by
+    ``job.placement_strategy``, a run named ``job.run_name`` under its storage path (re-running the name resumes from
+    its latest checkpoint), ``keep_checkpoints``, ``max_failures``."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -176,8 +148,9 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
         functools.partial(on_ray, fn),
         train_loop_config=loop_config,
         datasets=datasets,
-        scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
-                                     resources_per_worker={"CPU": job.cpus_per_worker}),
+        scaling_config=ScalingConfig(num_workers=worker_count(job), use_gpu=job.use_gpu,
+                                     resources_per_worker={"CPU": job.cpus_per_worker},
+                                     placement_strategy=job.placement_strategy),
         run_config=RunConfig(
             name=job.run_name,
             storage_path=storage if "://" in storage else str(Path(storage).absolute()),
@@ -187,6 +160,13 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
+
+
+def worker_count(job: PretrainConfig | FinetuneConfig) -> int | tuple[int, int]:
+    """``num_workers``, or Ray Train's elastic ``(min_workers, num_workers)`` when ``min_workers`` is lower."""
+    if job.min_workers is not None and job.min_workers < job.num_workers:
+        return job.min_workers, job.num_workers
+    return job.num_workers
 
 
 def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
@@ -211,13 +191,15 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfi
     """``fit`` without the divergence check."""
     if job.num_workers == 0:
         gpu_or_cpu(job.use_gpu)
-        worker = LocalWorker(Path(job.storage_path).absolute() / job.run_name / "in_process", job.keep_checkpoints,
-                             job.use_gpu)
+        folder = f"{run_dir(job)}/in_process"
+        worker = (RemoteWorker(folder, job.keep_checkpoints, job.use_gpu) if "://" in folder else
+                  LocalWorker(Path(folder), job.keep_checkpoints, job.use_gpu))
         fn(loop_config, worker)
         found = worker.checkpoints()
         metrics = worker.metrics
         if not metrics and found:  # nothing left to train: the latest checkpoint's metrics
-            metrics = json.loads((found[-1] / "metrics.json").read_text())
+            with FitResult({}, found[-1]).checkpoint_dir() as latest:
+                metrics = json.loads((latest / "metrics.json").read_text())
         return FitResult(metrics, found[-1] if found else None)
     with ray_session():
         result = torch_trainer(fn, loop_config, job, **trainer_kwargs).fit()

@@ -1,0 +1,112 @@
+"""The training loop in this process (``num_workers`` = 0): the ``Worker`` the loop sees, and where its checkpoints go.
+
+Checkpoints go to ``<storage_path>/<run_name>/in_process/checkpoint_<epoch>``, the last ``keep_checkpoints`` kept
+(Ray Train does the same for its own): in a local folder copied whole under a temporary name and renamed into place
+(``LocalWorker``); on remote storage (``s3://…``, which cannot rename a folder) uploaded file by file, then marked
+complete by an empty ``.complete`` file written last (``RemoteWorker``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import torch
+
+from ropim.tracking.storage import storage_fs
+
+
+class LocalWorker:
+    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept."""
+
+    rank, world = 0, 1
+
+    def __init__(self, folder: Path, keep: int, use_gpu: bool = False) -> None:
+        self.folder, self.keep = folder, keep
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.metrics: dict = {}
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a folder is complete once renamed into place)."""
+        return sorted(self.folder.glob("checkpoint_[0-9]*")) if self.folder.is_dir() else []
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        found = self.checkpoints()
+        yield str(found[-1]) if found else None
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        return values.unsqueeze(0)
+
+    def report(self, metrics: dict, folder: Path | None) -> None:
+        self.metrics = metrics
+        if folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        dest = self.folder / f"checkpoint_{metrics['epoch']:06d}"
+        tmp = self.folder / f".tmp_{dest.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        for old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class RemoteWorker(LocalWorker):
+    """The loop in this process with its checkpoints on remote storage (``folder`` a URI such as ``s3://…``):
+    uploaded whole, then marked complete (``COMPLETE``); the latest complete one downloaded to resume."""
+
+    COMPLETE = ".complete"
+
+    def __init__(self, folder: str, keep: int, use_gpu: bool = False) -> None:
+        super().__init__(Path(), keep, use_gpu)
+        self.folder = folder.rstrip("/")
+        self.fs, self.root = storage_fs(self.folder)
+
+    def checkpoints(self) -> list[str]:
+        """URIs of the complete checkpoints, oldest first."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory
+                       and i.base_name.startswith("checkpoint_"))
+        return [f"{self.folder}/{n}" for n in names
+                if self.fs.get_file_info(f"{self.root}/{n}/{self.COMPLETE}").type == pafs.FileType.File]
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        found = self.checkpoints()
+        if not found:
+            yield None
+            return
+        with downloaded(found[-1]) as d:
+            yield str(d)
+
+    def report(self, metrics: dict, folder: Path | None) -> None:
+        self.metrics = metrics
+        if folder is None:
+            return
+        dest = f"{self.root}/checkpoint_{metrics['epoch']:06d}"
+        if self.fs.get_file_info(dest).type != pafs.FileType.NotFound:  # left by a job killed while uploading
+            self.fs.delete_dir(dest)
+        self.fs.create_dir(dest, recursive=True)
+        pafs.copy_files(str(folder), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+        with self.fs.open_output_stream(f"{dest}/{self.COMPLETE}"):
+            pass
+        for old in self.checkpoints()[:-self.keep]:
+            self.fs.delete_dir(storage_fs(old)[1])
+
+
+@contextlib.contextmanager
+def downloaded(location: str) -> Iterator[Path]:
+    """A checkpoint on remote storage as a temporary local folder."""
+    fs, path = storage_fs(location)
+    with tempfile.TemporaryDirectory() as tmp:
+        pafs.copy_files(path, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        yield Path(tmp)
