@@ -147,7 +147,8 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     for store_file in stores:
         from mlflow.tracking import MlflowClient
 
-        c, case = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}"), case_of.get(Path(store_file).name)
+        c = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}")
+        case = case_of.get(Path(store_file).name)
         assert not c.search_runs([e.experiment_id for e in c.search_experiments()]), case  # no MLflow run
         versions = c.search_model_versions()
         assert not versions, (case, store_file, [(v.name, v.version, v.run_id, v.source) for v in versions])
