@@ -23,10 +23,33 @@ from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
+ADAMW_KERNELS = ("default", "foreach", "fused")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
-PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker")
+SPEED_RESUMABLE = ("compile", "channels_last", "tf32", "pin_memory")
+PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker",
+                      "eval_async", *SPEED_RESUMABLE)
 FINETUNE_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
-                      "dataloader_workers")
+                      "dataloader_workers", *SPEED_RESUMABLE)
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """How a training step runs, not what it computes (README "Speed on GPUs"), for pretraining and fine-tuning;
+    each new one stays off until ``bench/gpu_step.py`` measures it faster on a GPU."""
+
+    compile: bool = False  # torch.compile the model's training forward and backward (the first steps compile)
+    adamw: str = "default"  # AdamW kernels: default (torch's choice: foreach on CUDA, a loop on CPU), foreach, fused
+    channels_last: bool = False  # NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)
+    tf32: bool = False  # CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)
+    pin_memory: bool = True  # CUDA + torch ingest: batches in page-locked memory, copied without blocking
+
+    def check_speed(self, flags: tuple[str, ...] = ()) -> None:
+        """Raise ConfigError for a bad speed option (or another true/false field named in ``flags``)."""
+        for name in ("compile", "channels_last", "tf32", "pin_memory", *flags):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be true or false")
+        if self.adamw not in ADAMW_KERNELS:
+            raise ConfigError(f"adamw={self.adamw!r}: choose one of {', '.join(ADAMW_KERNELS)}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +72,9 @@ class LoopConfig:
     eval_every: int = 0  # 0 = never
     log_every: int = 10
     max_skipped_steps: int = 100  # fp16: consecutive steps the grad scaler may skip before the run stops
+    compile: bool = False  # torch.compile the model for training (SpeedOptions)
+    channels_last: bool = False
+    tf32: bool = False
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
@@ -83,7 +109,7 @@ def check_precision(precision: str, use_gpu: bool) -> None:
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class PretrainConfig(SpeedOptions):
     """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
@@ -112,6 +138,7 @@ class PretrainConfig:
     wait_for_resources: bool = False  # wait for GPUs / CPUs the (local) cluster lacks instead of failing
     eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
     eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
+    eval_async: bool = True  # eval epochs before the job's last run beside training (false: inline, what ASHA needs)
     viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
     knn_k: int = 20
     log_every: int = 10  # steps between progress lines
@@ -135,6 +162,7 @@ class PretrainConfig:
                 f"× accum_steps={self.accum_steps}"
             )
         check_precision(self.precision, self.use_gpu)
+        self.check_speed(("eval_async",))
         if self.ingest not in INGESTS:
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
@@ -157,7 +185,8 @@ class PretrainConfig:
             min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
             clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
             stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
-            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps)
+            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps,
+            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,7 +200,7 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(SpeedOptions):
     """A fine-tune of a registered encoder (the paper's recipe by default); ``ropim finetune --help`` lists it."""
 
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
@@ -231,6 +260,7 @@ class FinetuneConfig:
             raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
                               f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
         check_precision(self.precision, self.use_gpu)
+        self.check_speed()
         if self.num_workers == 0 and "://" in self.storage_path:
             raise ConfigError(f"storage_path={self.storage_path}: in-process runs (num_workers=0) keep checkpoints "
                               "in a local folder; give one, or use num_workers ≥ 1")
@@ -257,7 +287,8 @@ class FinetuneConfig:
             warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
             checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
             max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
-            max_skipped_steps=self.max_skipped_steps)
+            max_skipped_steps=self.max_skipped_steps, compile=self.compile, channels_last=self.channels_last,
+            tf32=self.tf32)
 
     def to_dict(self) -> dict:
         return asdict(self)

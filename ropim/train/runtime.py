@@ -90,13 +90,18 @@ class RayWorker:
         return torch.stack([t.cpu() for t in out])
 
     def report(self, metrics: dict, folder: Path | None) -> None:
+        """Report; a checkpoint ``folder`` is uploaded to the run's storage in Ray's background thread (training goes
+        on meanwhile) and then deleted. Ray registers it once uploaded; a failed upload fails the worker."""
         import ray.train
 
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if folder else None)
+        checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+                         delete_local_checkpoint_after_upload=True)
 
 
 class LocalWorker:
-    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept."""
+    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept (a reported
+    folder is copied under a temporary name, renamed into place, then deleted)."""
 
     rank, world = 0, 1
 
@@ -128,7 +133,10 @@ class LocalWorker:
         dest = self.folder / f"checkpoint_{metrics['epoch']:06d}"
         tmp = self.folder / f".tmp_{dest.name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(folder, tmp)
+        try:
+            shutil.copytree(folder, tmp)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         for old in self.checkpoints()[:-self.keep]:
