@@ -115,6 +115,8 @@ def _timed(batches, n_images: int) -> dict:
             break
     t_end = time.perf_counter()
     steady = seen - first
+    if steady <= 0:
+        raise SystemExit(f"one batch of {seen} images: no steady rate to measure; give more images than a batch")
     return {"images": seen, "startup_s": t_first - t0, "steady_s": t_end - t_first,
             "img_per_s": steady / (t_end - t_first), "img_per_s_incl_startup": seen / (t_end - t0)}
 
