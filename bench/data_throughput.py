@@ -19,21 +19,30 @@ Then a real pretraining run (``ropim.train.pretrain``, the ``cifar_micro`` prese
 reports, per epoch, the share of the epoch its workers spent waiting for the next batch (``data_wait_share``,
 mean over workers; the first epoch includes the pipeline's start-up) and its img/s. ``--pretrain-steps 0`` skips it.
 
+Sizing a GPU node: the Ray Data rate per CPU core (decode + augment, img/s over ``--cpus``) against the ViT-B
+training-step rate of one GPU (``--gpu-img-per-s``; default: the fastest ViT-B ``rop`` row of a
+``bench/results/gpu_step_*.json``, else a labelled estimate: ViT-B's step FLOPs counted here at 40% MFU of an H100
+SXM) gives the CPU cores one GPU needs. ``--synthetic N`` makes the data: N JPEGs of ImageNet's typical size
+(500×375, quality 90) as Parquet shards, for ``--img-size 224``.
+
 Results: a table on stdout and JSON (default ``bench/results/data_throughput.json``). The issue's targets:
 ray ≥ 0.8 × torch, and a wait share ≤ 10%. On a shared machine the absolute rates move with the load; the load
 average is recorded.
 
     .venv/bin/python bench/data_throughput.py [--data PATH] [--images 8000] [--repeats 2] [--cpus 2] \
         [--pretrain-steps 100] [--pretrain-epochs 2] [--pretrain-ingest ray_data|torch]
+    .venv/bin/python bench/data_throughput.py --synthetic 2000 --img-size 224 --images 1500 --pretrain-steps 0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,9 +54,53 @@ from ropim.data.datasets import build_dataset, pretrain_transform
 from ropim.data.decode import decode_rgb
 from ropim.data.sources import open_source, split_list
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data_throughput.json"
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_OUT = RESULTS / "data_throughput.json"
 TARGET = 0.8
 WAIT_TARGET = 0.10
+ESTIMATE_MFU, ESTIMATE_PEAK = 0.40, 989.4e12  # the estimate without a GPU result: 40% of an H100 SXM's bf16 peak
+
+
+def synthetic_parquet(n: int, folder: Path) -> str:
+    """``n`` photo-like JPEGs (a smooth random field + grain, 500×375, quality 90; 10 classes) converted to Parquet
+    shards under ``folder``; returns the shards' folder."""
+    import numpy as np
+    from PIL import Image
+
+    from ropim.data.convert import convert
+
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        low = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+        field = np.asarray(Image.fromarray(low).resize((500, 375), Image.BICUBIC), dtype=np.int16)
+        pixels = np.clip(field + rng.integers(-12, 13, field.shape), 0, 255).astype(np.uint8)
+        (folder / "jpeg" / f"c{i % 10}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / "jpeg" / f"c{i % 10}" / f"{i:06d}.jpg", quality=90)
+    convert(DataConfig(source=str(folder / "jpeg")), str(folder / "parquet"), shard_size=500, progress=False)
+    return str(folder / "parquet")
+
+
+def vit_b_rate(given: float | None) -> tuple[float, str]:
+    """(ViT-B training img/s of one GPU, where it comes from): given, measured (bench/results), or estimated."""
+    if given:
+        return given, "--gpu-img-per-s"
+    rows = [(r["img_per_s"], f"{path.name}: {r['variant']} ({r['backbone']}, batch {r['batch_size']})")
+            for path in sorted(RESULTS.glob("gpu_step_*.json")) if not path.name.startswith("gpu_step_cpu")
+            for r in json.loads(path.read_text())["rows"] if r["model"] == "vit_b" and r["corruption"] == "rop"]
+    if rows:
+        return max(rows)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ropim.core.config import ModelConfig
+    from ropim.core.model import ROPIM
+
+    model = ROPIM(ModelConfig(arch="vit_base_patch16_224", backbone="beit"))
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, 3, 224, 224), torch.Generator().manual_seed(0))[0].backward()
+    flops = counter.get_total_flops()
+    return ESTIMATE_MFU * ESTIMATE_PEAK / flops, (
+        f"ESTIMATE, no GPU result in bench/results: ViT-B/16 step {flops / 1e9:.0f} GFLOP/img (counted here) at "
+        f"{ESTIMATE_MFU:.0%} MFU of an H100 SXM's {ESTIMATE_PEAK / 1e12:.0f} TFLOP/s bf16")
 
 
 def _timed(batches, n_images: int) -> dict:
@@ -62,6 +115,8 @@ def _timed(batches, n_images: int) -> dict:
             break
     t_end = time.perf_counter()
     steady = seen - first
+    if steady <= 0:
+        raise SystemExit(f"one batch of {seen} images: no steady rate to measure; give more images than a batch")
     return {"images": seen, "startup_s": t_first - t0, "steady_s": t_end - t_first,
             "img_per_s": steady / (t_end - t_first), "img_per_s_incl_startup": seen / (t_end - t0)}
 
@@ -124,9 +179,13 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
 
 
 def main() -> None:
+    """Parse, make the synthetic data when asked, run."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=os.environ.get("ROPIM_BENCH_DATA"), required="ROPIM_BENCH_DATA" not in os.environ,
-                   help="CIFAR-10 Parquet shards (or set ROPIM_BENCH_DATA)")
+    p.add_argument("--data", default=os.environ.get("ROPIM_BENCH_DATA"),
+                   help="Parquet shards (or set ROPIM_BENCH_DATA; or --synthetic)")
+    p.add_argument("--synthetic", type=int, default=0, help="make N photo-like JPEGs as Parquet shards and read them")
+    p.add_argument("--gpu-img-per-s", type=float, default=None,
+                   help="ViT-B training img/s of one GPU (default: bench/results/gpu_step_*.json, else an estimate)")
     p.add_argument("--images", type=int, default=8000, help="images per timed run")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=32)
@@ -137,7 +196,18 @@ def main() -> None:
     p.add_argument("--pretrain-ingest", choices=("ray_data", "torch"), default="ray_data")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args()
+    if not (args.data or args.synthetic):
+        p.error("give --data PATH, set ROPIM_BENCH_DATA, or --synthetic N")
+    with tempfile.TemporaryDirectory() as tmp:
+        args.label = args.data
+        if args.synthetic:
+            args.data = synthetic_parquet(args.synthetic, Path(tmp))
+            args.label = f"synthetic: {args.synthetic} JPEGs, 500×375, quality 90"
+        run(args)
 
+
+def run(args: argparse.Namespace) -> None:
+    """Measure, print, write the JSON."""
     import ray
 
     cfg = DataConfig(args.data).resolved().validate()
@@ -161,7 +231,7 @@ def main() -> None:
     summary = {k: {m: statistics.median(r[m] for r in v) for m in ("img_per_s", "img_per_s_incl_startup", "startup_s")}
                for k, v in runs.items()}
     ratio = summary["ray"]["img_per_s"] / summary["torch"]["img_per_s"]
-    print(f"\nParquet {args.data}: {args.images} images/run, batch {args.batch_size}, {args.img_size}², "
+    print(f"\nParquet ({args.label}): {args.images} images/run, batch {args.batch_size}, {args.img_size}², "
           f"{args.cpus} CPUs, median of {args.repeats}")
     print(f"{'pipeline':<22}{'img/s':>10}{'incl. start-up':>16}{'start-up s':>12}")
     for name, label in (("torch", "torch DataLoader"), ("ray", "Ray Data")):
@@ -171,6 +241,11 @@ def main() -> None:
           f"augment {one_core['transform_us']:.0f} µs per image)")
     print(f"Ray Data / DataLoader: {ratio:.2f}× (target ≥ {TARGET}×)  — load average {load_before[0]:.1f} → "
           f"{load_after[0]:.1f} on {os.cpu_count()} cores (shared machine)")
+    per_core = summary["ray"]["img_per_s"] / args.cpus
+    gpu_rate, gpu_source = vit_b_rate(args.gpu_img_per_s)
+    cores = math.ceil(gpu_rate / per_core)
+    print(f"\nRay Data decode + augment at {args.img_size}²: {per_core:.0f} img/s per CPU core; one GPU at "
+          f"{gpu_rate:.0f} img/s (ViT-B step; {gpu_source}) needs {cores} CPU cores for the data alone")
 
     if epochs:
         print(f"\nPretraining (cifar_micro, {args.pretrain_ingest}, 2 workers × 0.5 CPU, "
@@ -183,9 +258,10 @@ def main() -> None:
               f"(target ≤ {100 * WAIT_TARGET:.0f}%)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "data": args.data, "images_per_run": args.images, "batch_size": args.batch_size, "img_size": args.img_size,
+        "data": args.label, "images_per_run": args.images, "batch_size": args.batch_size, "img_size": args.img_size,
         "cpus": args.cpus, "repeats": args.repeats, "runs": runs, "median": summary, "one_core": one_core,
-        "ray_over_torch": ratio, "target": TARGET,
+        "ray_over_torch": ratio, "target": TARGET, "ray_img_per_s_per_core": per_core,
+        "gpu_vit_b_img_per_s": gpu_rate, "gpu_rate_source": gpu_source, "cpu_cores_per_gpu": cores,
         "pretrain": {"preset": "cifar_micro", "ingest": args.pretrain_ingest, "steps_per_epoch": args.pretrain_steps,
                      "epochs": epochs, "wait_target": WAIT_TARGET},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,

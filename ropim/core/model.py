@@ -118,17 +118,19 @@ class ROPIM(nn.Module):
         """Mean ℓ1 (or squared ℓ2) of (I − Π)(X − X̃); of X − X̃ when there is no sketch; for a PatchMask,
         of X − X̃ over the elements of the masked patches only (visible patches do not count)."""
         diff = patchify(imgs, self.cfg.patch_size) - pred  # (B, N, p²C)
-        if isinstance(sketch, PatchMask):
-            diff = diff[sketch.mask]  # (masked patches, p²C)
-        elif sketch is not None:
+        if sketch is not None:
             diff = sketch.complement(diff)
-        return diff.abs().mean() if self.cfg.loss == "l1" else diff.pow(2).mean()
+        err = diff.abs() if self.cfg.loss == "l1" else diff.pow(2)
+        if isinstance(sketch, PatchMask):  # visible rows are zero: sum / elements of masked patches (no boolean
+            return err.sum() / (sketch.mask.sum() * err.shape[-1])  # indexing, so torch.compile needs no graph break)
+        return err.mean()
 
     def forward(
-        self, imgs: torch.Tensor, generator: torch.Generator | None = None
+        self, imgs: torch.Tensor, generator: torch.Generator | None = None, corruption: Corruption = None
     ) -> tuple[torch.Tensor, torch.Tensor, Corruption]:
-        """(loss, X̃, corruption) for a batch of normalized images (B, C, H, W); the corruption (Sketch,
-        PatchMask or None) is drawn from ``generator``."""
-        sketch = self.draw_corruption(imgs.shape[0], generator)
+        """(loss, X̃, corruption) for a batch of normalized images (B, C, H, W). The corruption (Sketch, PatchMask or
+        None) is ``corruption`` when given — drawn by the caller with ``draw_corruption``, e.g. outside a compiled
+        forward, which then traces as one graph — else drawn here from ``generator``."""
+        sketch = corruption if corruption is not None else self.draw_corruption(imgs.shape[0], generator)
         pred = self.reconstruct(imgs, sketch)
         return self.loss(imgs, pred, sketch), pred, sketch

@@ -13,7 +13,6 @@ Pure torch: no Ray, no timm.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -29,23 +28,16 @@ class Sketch:
     s: torch.Tensor  # (B, N) float signs ±1
     n_buckets: int  # K'
     counts: torch.Tensor  # (B, K') float bucket sizes c
+    slots: torch.Tensor  # (B·N,) int64 slot of each token (``token_slots``), drawn with h and s
 
     @property
     def n_tokens(self) -> int:
         return self.h.shape[1]
 
-    @functools.cached_property
-    def _slots(self) -> torch.Tensor:
-        """(B·N,) slot of each token: bucket i of image b has slots 2(b·K' + i) (s = +1) and 2(b·K' + i) + 1
-        (s = −1), so a plain index_add sums each bucket's two sign groups without multiplying by s."""
-        b = self.h.shape[0]
-        rows = self.h + torch.arange(b, device=self.h.device).unsqueeze(1) * self.n_buckets  # (B, N)
-        return (2 * rows + (self.s < 0)).reshape(-1)
-
     def _bucket_sums(self, x: torch.Tensor) -> torch.Tensor:
         """P x as (B·K', D): bucket i = Σ_{j: h_j = i} s_j x_j (one scatter-add over the full tensor)."""
         b, n, d = x.shape
-        sums = x.new_zeros(2 * b * self.n_buckets, d).index_add_(0, self._slots, x.reshape(b * n, d))
+        sums = x.new_zeros(2 * b * self.n_buckets, d).index_add_(0, self.slots, x.reshape(b * n, d))
         sums = sums.view(b * self.n_buckets, 2, d)  # (B·K', [s = +1, s = −1], D)
         return sums[:, 0] - sums[:, 1]
 
@@ -55,7 +47,7 @@ class Sketch:
         b, n, d = x.shape
         y = self._bucket_sums(x) / self.counts.clamp(min=1).reshape(-1, 1).to(x.dtype)  # (B·K', D)
         table = torch.stack((y, -y), dim=1).view(2 * b * self.n_buckets, d)
-        return table.index_select(0, self._slots).view(b, n, d)
+        return table.index_select(0, self.slots).view(b, n, d)
 
     def sketch(self, x: torch.Tensor) -> torch.Tensor:
         """P x: (B, N, D) -> (B, K', D), bucket i = Σ_{j: h_j = i} s_j x_j."""
@@ -80,6 +72,14 @@ class Sketch:
         p = self.matrix()
         inv_c = torch.where(self.counts > 0, 1.0 / self.counts.clamp(min=1), torch.zeros_like(self.counts))
         return p.transpose(1, 2) @ (inv_c.float().unsqueeze(-1) * p)
+
+
+def token_slots(h: torch.Tensor, s: torch.Tensor, n_buckets: int) -> torch.Tensor:
+    """(B·N,) slot of each token: bucket i of image b has slots 2(b·K' + i) (s = +1) and 2(b·K' + i) + 1 (s = −1),
+    so a plain index_add sums each bucket's two sign groups without multiplying by s. Computed once per sketch,
+    when it is drawn, so that the projection itself is plain tensor code (torch.compile traces it whole)."""
+    rows = h + torch.arange(h.shape[0], device=h.device).unsqueeze(1) * n_buckets  # (B, N)
+    return (2 * rows + (s < 0)).reshape(-1)
 
 
 class _Projection(torch.autograd.Function):
@@ -123,4 +123,4 @@ def draw_sketch(
         h = torch.randint(0, k, shape, generator=generator, device=device)
     s = torch.randint(0, 2, shape, generator=generator, device=device).float().mul_(2).sub_(1)
     counts = torch.zeros(batch_size, k, device=device).scatter_add_(1, h, torch.ones(shape, device=device))
-    return Sketch(h=h, s=s, n_buckets=k, counts=counts)
+    return Sketch(h=h, s=s, n_buckets=k, counts=counts, slots=token_slots(h, s, k))

@@ -17,7 +17,9 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
     encoder.eval()
     feats, labels = [], []
     try:
-        for x, y in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
+        # a generator of its own, so that the global one is left alone (evaluations may run beside training)
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, generator=torch.Generator())
+        for x, y in loader:
             f = encoder.forward_head(encoder.forward_features(x.to(device)), pre_logits=True)
             feats.append(f.float().cpu())
             labels.append(torch.as_tensor(y))

@@ -21,15 +21,16 @@ from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
+from ropim.train.placement import check_placement
+from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
-PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")  # Ray placement-group strategies
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker",
-                      "placement_strategy", "min_workers")
+                      "placement_strategy", "min_workers", "eval_async", *SPEED_RESUMABLE)
 FINETUNE_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
-                      "dataloader_workers", "placement_strategy", "min_workers")
+                      "dataloader_workers", "placement_strategy", "min_workers", *SPEED_RESUMABLE)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class LoopConfig:
     eval_every: int = 0  # 0 = never
     log_every: int = 10
     max_skipped_steps: int = 100  # fp16: consecutive steps the grad scaler may skip before the run stops
+    compile: bool = False  # torch.compile the model for training (SpeedOptions)
+    channels_last: bool = False
+    tf32: bool = False
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
@@ -77,23 +81,6 @@ LOOP_RULES = {
 }
 
 
-def check_placement(job: PretrainConfig | FinetuneConfig, batch: int, divisor: int = 1) -> None:
-    """``placement_strategy`` is a Ray strategy; ``min_workers`` (elastic) lies in [1, num_workers] and the global
-    batch ``batch`` splits evenly over it too (as over ``num_workers``). Counts in between take ``batch // workers``
-    each: the global batch then shrinks by less than one micro batch, the step count and schedule stay."""
-    if job.placement_strategy not in PLACEMENTS:
-        raise ConfigError(f"placement_strategy={job.placement_strategy!r}: choose one of {', '.join(PLACEMENTS)}")
-    if job.min_workers is None:
-        return
-    if not Range(1, job.num_workers, integer=True).holds(job.min_workers):
-        raise ConfigError(f"min_workers={job.min_workers!r}: must be an integer in [1, num_workers={job.num_workers}]"
-                          " (or null: always num_workers)")
-    if batch % (job.min_workers * divisor):
-        raise ConfigError(f"min_workers={job.min_workers}: the global batch of {batch} is not divisible by "
-                          f"min_workers={job.min_workers}" + (f" × accum_steps={divisor}" if divisor > 1 else "")
-                          + ", the worker count an elastic restart may fall back to")
-
-
 def check_precision(precision: str, use_gpu: bool) -> None:
     """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
     if precision not in PRECISIONS:
@@ -103,7 +90,7 @@ def check_precision(precision: str, use_gpu: bool) -> None:
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class PretrainConfig(SpeedOptions):
     """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
@@ -134,6 +121,7 @@ class PretrainConfig:
     wait_for_resources: bool = False  # wait for GPUs / CPUs the (local) cluster lacks instead of failing
     eval_every: int = 0  # epochs between kNN top-1 evaluations on the val split (0 = never)
     eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
+    eval_async: bool = True  # eval epochs before the job's last run beside training (false: inline, what ASHA needs)
     viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
     knn_k: int = 20
     log_every: int = 10  # steps between progress lines
@@ -159,6 +147,7 @@ class PretrainConfig:
             )
         check_precision(self.precision, self.use_gpu)
         check_placement(self, self.global_batch_size, self.accum_steps)
+        self.check_speed(("eval_async",))
         if self.ingest not in INGESTS:
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
@@ -181,7 +170,8 @@ class PretrainConfig:
             min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
             clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
             stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
-            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps)
+            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps,
+            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -195,7 +185,7 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
+class FinetuneConfig(SpeedOptions):
     """A fine-tune of a registered encoder (the paper's recipe by default); ``ropim finetune --help`` lists it."""
 
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
@@ -260,6 +250,7 @@ class FinetuneConfig:
                               f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
         check_precision(self.precision, self.use_gpu)
         check_placement(self, self.batch_size)
+        self.check_speed()
         return self
 
     def check_resources(self) -> None:
@@ -283,7 +274,8 @@ class FinetuneConfig:
             warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
             checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
             max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
-            max_skipped_steps=self.max_skipped_steps)
+            max_skipped_steps=self.max_skipped_steps, compile=self.compile, channels_last=self.channels_last,
+            tf32=self.tf32)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -46,6 +46,7 @@ from ropim.train.downstream import (
 )
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
 from ropim.train.runtime import WorkerFn, fit, run_dir
+from ropim.train.speed import adamw_kernels, images_to
 
 log = logging.getLogger("ropim.finetune")
 
@@ -120,7 +121,7 @@ class FinetuneTask:
         model = classifier_from(self.enc_cfg, None if cfg.random_init else self.state, len(self.classes), self.img_size,
                             cfg.drop_path, uri=cfg.encoder, quiet=worker.rank != 0).to(worker.device)
         optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                        layer_decay=cfg.layer_decay)
+                                        layer_decay=cfg.layer_decay, **adamw_kernels(cfg.adamw))
         return model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
@@ -128,7 +129,8 @@ class FinetuneTask:
         sampler = DistributedSampler(self.train_set, num_replicas=worker.world, rank=worker.rank, shuffle=True,
                                      seed=cfg.seed, drop_last=True)
         loader = DataLoader(self.train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                            num_workers=cfg.dataloader_workers, pin_memory=worker.device.type == "cuda",
+                            num_workers=cfg.dataloader_workers,
+                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory,
                             persistent_workers=cfg.dataloader_workers > 0)
         val_set = build_dataset(cfg.data, "val", eval_transform(self.img_size), self.img_size)
         self.val_loader = DataLoader(Subset(val_set, range(worker.rank, len(val_set), worker.world)),
@@ -143,12 +145,13 @@ class FinetuneTask:
         return EpochData(batches, len(loader))
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
-        x, y = (t.to(self.worker.device, non_blocking=True) for t in batch)
+        x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
+        y = batch[1].to(self.worker.device, non_blocking=self.cfg.pin_memory)
         if self.mixup is not None:
             x, y = self.mixup(x, y)
         return self.criterion(model(x), y), x.shape[0]
 
-    def evaluate(self, model: torch.nn.Module, epoch: int) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         n_classes = len(self.classes)
         counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device,
                                        autocast_dtype(self.cfg.precision))
@@ -158,6 +161,9 @@ class FinetuneTask:
         self.last_eval = {"eval": {"epoch": epoch, **metrics, "classes": self.classes, "confusion": conf.tolist(),
                                    "img_size": self.img_size}}
         return metrics
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        return []  # every evaluation is inline: its counts are gathered over the workers
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "top1" in metrics:

@@ -53,7 +53,10 @@ class LocalWorker:
         dest = self.folder / f"checkpoint_{metrics['epoch']:06d}"
         tmp = self.folder / f".tmp_{dest.name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(folder, tmp)
+        try:
+            shutil.copytree(folder, tmp)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         for old in self.checkpoints()[:-self.keep]:
@@ -96,7 +99,10 @@ class RemoteWorker(LocalWorker):
         if self.fs.get_file_info(dest).type != pafs.FileType.NotFound:  # left by a job killed while uploading
             self.fs.delete_dir(dest)
         self.fs.create_dir(dest, recursive=True)
-        pafs.copy_files(str(folder), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+        try:
+            pafs.copy_files(str(folder), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         with self.fs.open_output_stream(f"{dest}/{self.COMPLETE}"):
             pass
         for old in self.checkpoints()[:-self.keep]:

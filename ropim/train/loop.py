@@ -6,6 +6,10 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
     a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
     rank 0's epoch hook → checkpoint when due → report.
 
+Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
+DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
+at epoch ends and recorded with the next checkpoint; the loop waits for them only after its last epoch.
+
 Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
 (the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
 ``random`` and numpy from (seed, epoch, rank), and tasks seed per-step randomness (sketches) from the step.
@@ -18,6 +22,7 @@ import json
 import logging
 import random
 import resource
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +37,7 @@ from timm.scheduler import CosineLRScheduler
 from ropim.train.checkpoint import load_checkpoint, save_checkpoint
 from ropim.train.config import LoopConfig
 from ropim.train.guard import Diverged, StepGuard, write_stop
+from ropim.train.speed import tf32_matmuls
 
 log = logging.getLogger("ropim.train")
 
@@ -78,7 +84,8 @@ class Worker(Protocol):
 
     def gather(self, values: torch.Tensor) -> torch.Tensor: ...
 
-    def report(self, metrics: dict, folder: Path | None) -> None: ...
+    def report(self, metrics: dict, folder: Path | None) -> None:
+        """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted."""
 
 
 @dataclass
@@ -107,8 +114,12 @@ class Task(Protocol):
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         """(mean loss, images) of one micro batch at optimizer step ``step``; ``model`` may be DDP-wrapped."""
 
-    def evaluate(self, model: torch.nn.Module, epoch: int) -> dict[str, float]:
-        """Metrics of epoch ``epoch`` (1-based) when due; called on every rank."""
+    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
+        """Metrics of epoch ``epoch`` (1-based) when due; called on every rank. Unless ``final`` (the job's last
+        epoch), a task may start the evaluation in the background and return {} (``evaluations`` collects it)."""
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        """Background evaluations finished so far (``wait``: all, waiting), as ``{"epoch": e, **metrics}``."""
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         """Rank 0, after each epoch: the progress line, pictures."""
@@ -139,6 +150,8 @@ class Loop:
         self.task, self.cfg, self.worker = task, cfg, worker
         seed_everything(cfg.seed)  # identical initial weights on every rank
         self.model, self.optimizer = task.build(worker)
+        if cfg.channels_last:
+            self.model.to(memory_format=torch.channels_last)
         self.scaler = grad_scaler(cfg.precision)
         self.start_epoch, self.step = 0, 0
         with worker.latest_checkpoint() as folder:
@@ -148,6 +161,8 @@ class Loop:
                 if worker.rank == 0:
                     log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}")
         self.ddp_model = worker.prepare(self.model)
+        if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
+            self.ddp_model = torch.compile(self.ddp_model)
         self.data = task.data(worker, cfg.global_batch_size // (worker.world * cfg.accum_steps))
         self.steps = min(self.data.steps, cfg.max_steps_per_epoch or self.data.steps)
         if self.steps < 1:
@@ -230,9 +245,12 @@ class Loop:
             except Diverged as err:  # every rank sees the same all-reduced gradients, so all stop here
                 if worker.rank == 0:
                     write_stop(self.task.run_dir, str(err), epoch + 1, self.step)
-                return
+                break
             if cfg.checkpoints(epoch + 1, last_epoch):
                 unrecorded.clear()
+        late = self.task.evaluations(wait=True)  # background evaluations still running: their epochs are saved
+        if late and worker.rank == 0:
+            self.task.record(late)
 
     def run_epoch(self, epoch: int, last_epoch: int, unrecorded: list[dict]) -> None:
         """One epoch: train, evaluate when due, report (with a checkpoint when due), record."""
@@ -242,21 +260,25 @@ class Loop:
         tally = self.train_epoch(epoch)
         metrics = {**self.epoch_stats(tally), "lr": self.lr, "epoch": epoch + 1, "step": self.step}
         if cfg.evaluates(epoch + 1, last_epoch):
-            metrics |= self.task.evaluate(self.model, epoch + 1)
+            metrics |= self.task.evaluate(self.model, epoch + 1, final=epoch + 1 == last_epoch)
         if worker.rank == 0:
             self.task.epoch_end(self.model, metrics)
-        unrecorded.append(metrics)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = None
-            if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
-                folder = Path(tmp)
+        unrecorded += [*self.task.evaluations(wait=False), metrics]  # earlier epochs evaluated in the background
+        folder = None
+        if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
+            folder = Path(tempfile.mkdtemp(prefix="ropim-checkpoint-"))
+            try:
                 save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
                 (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
-            worker.report(metrics, folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+        worker.report(metrics, folder)  # the worker owns the folder now
         if folder is not None:
             self.task.record(unrecorded)
 
 
 def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:
     """Run ``task`` on ``worker`` under ``cfg``: the whole per-worker job."""
-    Loop(task, cfg, worker).run()
+    with tf32_matmuls(cfg.tf32):
+        Loop(task, cfg, worker).run()

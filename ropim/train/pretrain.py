@@ -2,7 +2,8 @@
 
 ``PretrainTask`` supplies the loop with the ROPIM model and its AdamW optimizer, the batches (a DataLoader, or a
 Ray Data shard with ``ingest=ray_data``), the loss with a fresh corruption per step drawn from
-(seed, step, rank), the kNN / linear-probe evaluation of the encoder, and rank 0's epoch hook (an MLflow metrics
+(seed, step, rank), the kNN / linear-probe evaluation of the encoder (epochs before the job's last in a background
+thread on a copy of the encoder, with ``eval_async``), and rank 0's epoch hook (an MLflow metrics
 line, reconstruction pictures). ``pretrain(cfg)`` validates, opens (or continues) the MLflow run, trains on
 ``num_workers`` Ray Train workers (0: in this process), registers the final encoder and returns its URI.
 Re-running a named run (same ``run_name`` and ``storage_path``) continues from its latest checkpoint with the
@@ -11,6 +12,8 @@ same step count, LR schedule and MLflow run; re-running a finished one reports i
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -31,10 +34,12 @@ from ropim.errors import ConfigError
 from ropim.tracking import registry, store
 from ropim.tracking.runs import default_run_name, open_run, read_run_meta
 from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.background import Background
 from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.loop import EpochData, Worker, train, worker_seed
 from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir
+from ropim.train.speed import adamw_kernels, images_to
 
 log = logging.getLogger("ropim.train")
 
@@ -83,15 +88,15 @@ class PretrainTask:
         self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
         self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
         self.rank, self.device = worker.rank, worker.device
-        self.viz_imgs = None
+        self.viz_imgs, self.background = None, Background("ropim-eval")
         if self.rank == 0 and self.cfg.viz_every:
             self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
 
     def build(self, worker: Worker) -> tuple[ROPIM, torch.optim.Optimizer]:
-        model = ROPIM(self.cfg.model).to(worker.device)
-        optimizer = create_optimizer_v2(model, "adamw", lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
-                                        betas=(0.9, self.cfg.beta2))
-        return model, optimizer
+        self.model = ROPIM(self.cfg.model).to(worker.device)
+        optimizer = create_optimizer_v2(self.model, "adamw", lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                                        betas=(0.9, self.cfg.beta2), **adamw_kernels(self.cfg.adamw))
+        return self.model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
         cfg, world = self.cfg, worker.world
@@ -112,7 +117,7 @@ class PretrainTask:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=worker.rank, shuffle=True, seed=cfg.seed,
                                      drop_last=True)
         loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                            pin_memory=worker.device.type == "cuda")
+                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory)
 
         def batches(epoch: int):
             sampler.set_epoch(epoch)
@@ -122,15 +127,37 @@ class PretrainTask:
                          {"bad_images": (lambda: getattr(getattr(dataset, "bad", None), "count", 0), "sum")})
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
-        imgs = batch[0].to(self.device, non_blocking=True)
-        loss, _, _ = model(imgs, sketch_generator(self.cfg.seed, step, self.rank, self.device))
+        imgs = images_to(batch[0], self.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
+        generator = sketch_generator(self.cfg.seed, step, self.rank, self.device)
+        corruption = self.model.draw_corruption(imgs.shape[0], generator)  # outside a compiled forward
+        loss, _, _ = model(imgs, corruption=corruption)
         return loss, imgs.shape[0]
 
-    def evaluate(self, model: ROPIM, epoch: int) -> dict[str, float]:
+    def evaluate(self, model: ROPIM, epoch: int, final: bool) -> dict[str, float]:
         if self.rank != 0:
             return {}
+        if final or not self.cfg.eval_async:
+            return self.scores(model.encoder)
+        encoder = copy.deepcopy(model.encoder)  # a copy on the same device: training changes the live weights
+        self.background.submit(epoch, lambda: self.scores(encoder))
+        return {}
+
+    def scores(self, encoder: torch.nn.Module) -> dict[str, float]:
+        """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
+        training's kernels keep theirs)."""
         cfg = self.cfg
-        return frozen_scores(model.encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        done = self.background.collect(wait)
+        for m in done:
+            log.info(f"[pretrain] epoch {m['epoch']} evaluated beside training:"
+                     + "".join(f" {k} {m[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in m))
+        if wait:
+            self.background.close()
+        return done
 
     def epoch_end(self, model: ROPIM, metrics: dict) -> None:
         cfg, epoch = self.cfg, metrics["epoch"]

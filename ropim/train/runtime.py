@@ -88,13 +88,14 @@ class RayWorker:
         return torch.stack([t.cpu() for t in out])
 
     def report(self, metrics: dict, folder: Path | None) -> None:
-        """Report the epoch; with a checkpoint, return once Ray Train has committed it (registered as the run's
-        latest): ``ray.train.report`` returns after the upload, and the controller registers it up to a poll (~2 s)
-        later, so a node lost in between would restart the run from the checkpoint before, while the loop had
-        already recorded this epoch in MLflow and trained on."""
+        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage, deleted, and this returns once
+        Ray Train has committed it (registered as the run's latest): ``ray.train.report`` returns after the upload,
+        and the controller registers it up to a poll (~2 s) later, so a node lost in between would restart the run
+        from the checkpoint before, while the loop had already recorded this epoch in MLflow and trained on."""
         import ray.train
 
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)) if folder else None)
+        checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
+        ray.train.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=folder is not None)
         if folder is not None:
             ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 

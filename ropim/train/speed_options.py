@@ -1,0 +1,31 @@
+"""The speed options of pretraining and fine-tuning: how a training step runs, not what it computes (applied by
+``ropim.train.speed``; README "Speed on GPUs")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ropim.errors import ConfigError
+
+ADAMW_KERNELS = ("default", "foreach", "fused")
+SPEED_RESUMABLE = ("compile", "channels_last", "tf32", "pin_memory")  # may change when a named run is continued
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """How a training step runs, not what it computes (README "Speed on GPUs"), for pretraining and fine-tuning;
+    each new one stays off until ``bench/gpu_step.py`` measures it faster on a GPU."""
+
+    compile: bool = False  # torch.compile the model's training forward and backward (the first steps compile)
+    adamw: str = "default"  # AdamW kernels: default (torch's choice: foreach on CUDA, a loop on CPU), foreach, fused
+    channels_last: bool = False  # NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)
+    tf32: bool = False  # CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)
+    pin_memory: bool = True  # CUDA + torch ingest: batches in page-locked memory, copied without blocking
+
+    def check_speed(self, flags: tuple[str, ...] = ()) -> None:
+        """Raise ConfigError for a bad speed option (or another true/false field named in ``flags``)."""
+        for name in ("compile", "channels_last", "tf32", "pin_memory", *flags):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be true or false")
+        if self.adamw not in ADAMW_KERNELS:
+            raise ConfigError(f"adamw={self.adamw!r}: choose one of {', '.join(ADAMW_KERNELS)}")

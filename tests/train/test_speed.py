@@ -1,0 +1,73 @@
+"""The speed options on CPU: each one's code path runs (compile traced as one graph per step, channels_last, TF32
+setting, AdamW kernels, pinned copies) and a pretraining and a fine-tune with all of them on finish as usual."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support import encoder_folder, tiny_finetune, tiny_pretrain
+from timm.optim import create_optimizer_v2
+
+from ropim.errors import ConfigError
+from ropim.tracking import store
+from ropim.train.finetune import finetune
+from ropim.train.pretrain import pretrain
+from ropim.train.speed import adamw_kernels, images_to, tf32_matmuls
+
+FAST = dict(compile=True, channels_last=True, tf32=True, adamw="fused", pin_memory=True)
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """torch.compile as the loop calls it, traced with fullgraph=True (a graph break fails the step) and run by
+    AOTAutograd without inductor's C++ build; returns the modules it compiled."""
+    seen, compile_ = [], torch.compile
+
+    def traced(model, **kwargs):
+        seen.append(model)
+        return compile_(model, backend="aot_eager", fullgraph=True, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", traced)
+    yield seen
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind,flags", [("default", {}), ("foreach", {"foreach": True}), ("fused", {"fused": True})])
+def test_adamw_kernels_reach_the_optimizer(kind, flags):
+    model = torch.nn.Linear(4, 2)
+    opt = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, **adamw_kernels(kind))
+    for name in ("foreach", "fused"):
+        assert opt.defaults[name] == flags.get(name, None), name
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()  # every kernel runs on CPU too
+
+
+def test_images_to_and_tf32():
+    x = torch.randn(2, 3, 8, 8)
+    assert images_to(x, torch.device("cpu"), channels_last=True).is_contiguous(memory_format=torch.channels_last)
+    assert images_to(x, torch.device("cpu")).is_contiguous()
+    before = torch.get_float32_matmul_precision()
+    with tf32_matmuls(True):
+        assert torch.get_float32_matmul_precision() == "high"
+    with tf32_matmuls(False):
+        assert torch.get_float32_matmul_precision() == before
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_bad_speed_options_are_refused():
+    with pytest.raises(ConfigError, match="adamw='apex'"):
+        tiny_pretrain(adamw="apex").validate()
+    with pytest.raises(ConfigError, match="compile='yes'"):
+        tiny_finetune("x", compile="yes").validate()
+
+
+def test_pretrain_and_finetune_with_every_speed_option(workdir, compiled):
+    result = pretrain(tiny_pretrain(run_name="fast", num_workers=0, epochs=1, max_steps_per_epoch=2, **FAST))
+    assert result.metrics["step"] == 2 and result.encoder_uri is not None
+    assert len(compiled) == 1 and type(compiled[0]).__name__ == "ROPIM"  # the model the loss calls
+    assert [m.step for m in store.client().get_metric_history(result.run_id, "loss")] == [1]
+
+    enc = str(encoder_folder(workdir / "enc"))
+    out = finetune(tiny_finetune(enc, num_workers=0, epochs=1, registered_model="", run_name="ft-fast", **FAST))
+    assert out["step"] == 2 and 0 <= out["top1"] <= 100
+    assert len(compiled) == 2
