@@ -147,7 +147,8 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     for store_file in stores:
         from mlflow.tracking import MlflowClient
 
-        c = MlflowClient(tracking_uri=f"sqlite:///{fixtures.parent / store_file}")
+        store = f"sqlite:///{fixtures.parent / store_file}"
+        c = MlflowClient(tracking_uri=store, registry_uri=store)  # not the registry an earlier test made global
         case = case_of.get(Path(store_file).name)
         assert not c.search_runs([e.experiment_id for e in c.search_experiments()]), case  # no MLflow run
         versions = c.search_model_versions()
