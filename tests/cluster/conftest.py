@@ -32,6 +32,7 @@ BUCKET = "ropim-test"
 REGION = "us-east-1"
 NODE_LABEL = "ropim-node"  # worker node ``name`` has the label {NODE_LABEL: name} and the resource {f"node_{name}": 1}
 WORKER_CPUS = 2  # logical CPUs per worker node (they share the machine's real cores)
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no Huey job consumers beside the MLflow servers
 # variables from a developer's shell that would send the AWS SDKs elsewhere (profiles, tokens, roles)
 AWS_UNSET = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CA_BUNDLE")
@@ -281,7 +282,7 @@ def mlflow_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory)
     artifacts = s3_server.uri("mlartifacts")
     proc = start_process([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                           "--workers", "1", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
-                          "--artifacts-destination", artifacts], log, env={**os.environ, **s3_server.env})
+                          "--artifacts-destination", artifacts], log, env={**os.environ, **s3_server.env, **NO_JOBS})
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", proc, log, timeout=120)
@@ -351,7 +352,7 @@ def mlflow_db_server(database: Database, s3_server: S3Server,
     artifacts = s3_server.uri("mlartifacts-db")
     proc = start_process([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                           "--workers", "1", "--backend-store-uri", database.uri, "--artifacts-destination", artifacts],
-                         log, env={**os.environ, **s3_server.env})
+                         log, env={**os.environ, **s3_server.env, **NO_JOBS})
     uri = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{uri}/health", proc, log, timeout=180)
