@@ -65,10 +65,15 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int, uri: str | No
 
 
 def log_epochs(run_id: str, epochs: list[dict[str, float]], uri: str | None = None) -> None:
-    """Log each epoch's metrics at its ``epoch`` (1-based) as the MLflow step, in one call."""
-    now = int(time.time() * 1000)
-    client(uri).log_batch(run_id, metrics=[Metric(k, float(v), now, int(m["epoch"])) for m in epochs
-                                           for k, v in m.items() if k != "epoch"])
+    """Log each epoch's metrics at its ``epoch`` (1-based) as the MLflow step, in one call; a metric the run already
+    has at that epoch is left as it is (a run restarted from an earlier checkpoint trains those epochs again)."""
+    c, now = client(uri), int(time.time() * 1000)
+    keys = {k for m in epochs for k in m if k != "epoch"}
+    have = {k: {h.step for h in c.get_metric_history(run_id, k)} for k in keys}
+    metrics = [Metric(k, float(v), now, int(m["epoch"])) for m in epochs for k, v in m.items()
+               if k != "epoch" and int(m["epoch"]) not in have[k]]
+    if metrics:
+        c.log_batch(run_id, metrics=metrics)
 
 
 def set_tags(run_id: str, tags: dict[str, object], uri: str | None = None) -> None:

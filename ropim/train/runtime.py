@@ -88,16 +88,16 @@ class RayWorker:
         return torch.stack([t.cpu() for t in out])
 
     def report(self, metrics: dict, folder: Path | None) -> None:
-        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage, deleted, and this returns once
-        Ray Train has committed it (registered as the run's latest): ``ray.train.report`` returns after the upload,
-        and the controller registers it up to a poll (~2 s) later, so a node lost in between would restart the run
-        from the checkpoint before, while the loop had already recorded this epoch in MLflow and trained on."""
+        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage by Ray's background thread while
+        training goes on, then deleted. Ray registers it once uploaded; a failed upload fails the worker. A worker
+        lost before the upload is registered restarts the run from the checkpoint before: the epochs since are
+        trained again, and not recorded twice (``store.log_epochs`` skips recorded ones)."""
         import ray.train
 
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
-        ray.train.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=folder is not None)
-        if folder is not None:
-            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+        mode = ray.train.CheckpointUploadMode.ASYNC if folder else ray.train.CheckpointUploadMode.SYNC
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode,
+                         delete_local_checkpoint_after_upload=folder is not None)
 
 
 def on_ray(fn: WorkerFn, config: dict) -> None:

@@ -51,3 +51,13 @@ def test_an_exception_marks_failed_and_ctrl_c_killed(workdir):
 def test_default_names_do_not_collide_within_a_second():
     names = {default_run_name("pretrain") for _ in range(50)}
     assert len(names) == 50 and all(n.startswith("pretrain-") for n in names)
+
+
+def test_epochs_recorded_again_after_a_restart_keep_their_first_values(workdir):
+    run_id = store.create_run("t", "epochs", {})
+    store.log_epochs(run_id, [{"epoch": 1, "loss": 0.9}, {"epoch": 2, "loss": 0.8}])
+    # restarted from epoch 1's checkpoint: epoch 2 trained again (another value), then epoch 3, and an evaluation
+    store.log_epochs(run_id, [{"epoch": 2, "loss": 0.7}, {"epoch": 3, "loss": 0.6}, {"epoch": 2, "knn_top1": 40.0}])
+    history = store.client().get_metric_history(run_id, "loss")
+    assert [(h.step, h.value) for h in sorted(history, key=lambda h: h.step)] == [(1, 0.9), (2, 0.8), (3, 0.6)]
+    assert [h.step for h in store.client().get_metric_history(run_id, "knn_top1")] == [2]
