@@ -56,6 +56,7 @@ class LoopConfig:
     compile: bool = False  # torch.compile the model for training (SpeedOptions)
     channels_last: bool = False
     tf32: bool = False
+    async_checkpoint: bool = False  # Ray Train: checkpoints upload while the next epoch trains (SpeedOptions)
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
@@ -171,7 +172,8 @@ class PretrainConfig(SpeedOptions):
             clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
             stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
             eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps,
-            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32)
+            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32,
+            async_checkpoint=self.async_checkpoint)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -275,7 +277,7 @@ class FinetuneConfig(SpeedOptions):
             checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
             max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
             max_skipped_steps=self.max_skipped_steps, compile=self.compile, channels_last=self.channels_last,
-            tf32=self.tf32)
+            tf32=self.tf32, async_checkpoint=self.async_checkpoint)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,7 +21,8 @@ from ropim.tracking.storage import storage_fs
 
 
 class LocalWorker:
-    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept."""
+    """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept, always written
+    before ``report`` returns."""
 
     rank, world = 0, 1
 
@@ -45,7 +46,7 @@ class LocalWorker:
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         return values.unsqueeze(0)
 
-    def report(self, metrics: dict, folder: Path | None) -> None:
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.metrics = metrics
         if folder is None:
             return
@@ -91,7 +92,7 @@ class RemoteWorker(LocalWorker):
         with downloaded(found[-1]) as d:
             yield str(d)
 
-    def report(self, metrics: dict, folder: Path | None) -> None:
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.metrics = metrics
         if folder is None:
             return

@@ -84,8 +84,9 @@ class Worker(Protocol):
 
     def gather(self, values: torch.Tensor) -> torch.Tensor: ...
 
-    def report(self, metrics: dict, folder: Path | None) -> None:
-        """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted."""
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
+        """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted; with
+        ``background``, persisted while training goes on where the worker can."""
 
 
 @dataclass
@@ -273,7 +274,7 @@ class Loop:
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
-        worker.report(metrics, folder)  # the worker owns the folder now
+        worker.report(metrics, folder, background=cfg.async_checkpoint)  # the worker owns the folder now
         if folder is not None:
             self.task.record(unrecorded)
 

@@ -87,17 +87,20 @@ class RayWorker:
         torch.distributed.all_gather(out, moved)
         return torch.stack([t.cpu() for t in out])
 
-    def report(self, metrics: dict, folder: Path | None) -> None:
-        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage by Ray's background thread while
-        training goes on, then deleted. Ray registers it once uploaded; a failed upload fails the worker. A worker
-        lost before the upload is registered restarts the run from the checkpoint before: the epochs since are
-        trained again, and not recorded twice (``store.log_epochs`` skips recorded ones)."""
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
+        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage and deleted. By default this
+        returns once Ray Train has committed it (registered as the run's latest: ``ray.train.report`` returns after
+        the upload, the controller registers it up to a poll, ~2 s, later), so a worker lost afterwards loses at most
+        the epochs since. With ``background``, Ray uploads it while training goes on; a worker lost before Ray
+        registers it restarts the run one checkpoint further back (``store.log_epochs`` records no epoch twice)."""
         import ray.train
 
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
-        mode = ray.train.CheckpointUploadMode.ASYNC if folder else ray.train.CheckpointUploadMode.SYNC
+        mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode,
                          delete_local_checkpoint_after_upload=folder is not None)
+        if folder is not None and not background:
+            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 
 
 def on_ray(fn: WorkerFn, config: dict) -> None:

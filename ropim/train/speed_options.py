@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from ropim.errors import ConfigError
 
 ADAMW_KERNELS = ("default", "foreach", "fused")
-SPEED_RESUMABLE = ("compile", "channels_last", "tf32", "pin_memory")  # may change when a named run is continued
+# may change when a named run is continued
+SPEED_RESUMABLE = ("compile", "channels_last", "tf32", "pin_memory", "async_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,13 @@ class SpeedOptions:
     channels_last: bool = False  # NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)
     tf32: bool = False  # CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)
     pin_memory: bool = True  # CUDA + torch ingest: batches in page-locked memory, copied without blocking
+    # Ray Train: upload checkpoints in Ray's background thread while the next epoch trains; a worker lost before Ray
+    # registers the upload restarts the run one checkpoint further back (off: the loop waits for Ray's commit)
+    async_checkpoint: bool = False
 
     def check_speed(self, flags: tuple[str, ...] = ()) -> None:
         """Raise ConfigError for a bad speed option (or another true/false field named in ``flags``)."""
-        for name in ("compile", "channels_last", "tf32", "pin_memory", *flags):
+        for name in ("compile", "channels_last", "tf32", "pin_memory", "async_checkpoint", *flags):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be true or false")
         if self.adamw not in ADAMW_KERNELS:

@@ -26,8 +26,8 @@ TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
 
 @pytest.fixture(scope="module")
 def pretrained(workdir, ray_session):
-    cfg = tiny_pretrain(model=TINY, num_workers=2, run_name="tiny", viz_every=10)
-    return cfg, pretrain(cfg)
+    cfg = tiny_pretrain(model=TINY, num_workers=2, run_name="tiny", viz_every=10, async_checkpoint=True)
+    return cfg, pretrain(cfg)  # checkpoints uploaded in Ray's background thread: the last one is there at the end
 
 
 def test_two_worker_pretrain_logs_and_registers(pretrained):
