@@ -145,7 +145,7 @@ def run_row(cfg: ModelConfig, step: Step, imgs: torch.Tensor, args: argparse.Nam
     if step.dense:  # the dense form computes the library's loss
         with torch.no_grad():
             a, b = (float(model(imgs, corruption=x)[0]) for x in (c, DenseProjection(c)))
-        if abs(a - b) > 1e-4 * abs(a):
+        if abs(a - b) > 1e-3 * abs(a):  # fp32 sums in another order through 6+ blocks: ~1e-4 apart on CPU
             raise RuntimeError(f"dense Π loss {b} != scatter Π loss {a}")
     forward = torch.compile(model, backend=args.compile_backend) if step.compile else model
     host = imgs.cpu().pin_memory() if step.h2d == "pinned" else imgs.cpu()
