@@ -206,8 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     md = table(rows, args)
     out = args.out or RESULTS / ("quality_tiny.json" if args.tiny else "quality.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": shlex.join([sys.executable, *sys.argv]), "wall_s": round(time.perf_counter() - t0, 1),
-              "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": md}
+    result = {"command": shlex.join(["python", *sys.argv]), "wall_s": round(time.perf_counter() - t0, 1),
+              "args": {k: str(v) for k, v in vars(args).items() if k != "data"},  # no path of this machine
+              "rows": rows, "table": md}
     out.write_text(json.dumps(result, indent=2))
     print(f"\n{md}\n\nwall time {result['wall_s'] / 60:.1f} min; {out}")
     return result
