@@ -9,6 +9,7 @@ name, and the Ray cluster lives in a private temp folder, so a developer's own R
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -272,23 +273,31 @@ class MlflowServer:
     log: Path  # the server's stdout and stderr
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """``mlflow server`` on 127.0.0.1 (one worker) whose artifact store is ``s3://ropim-test/mlartifacts``; only the
-    server talks to S3 (clients upload through it: ``mlflow-artifacts:/`` URIs)."""
-    workdir = tmp_path_factory.mktemp("mlflow")
-    log = workdir / "server.log"
+@contextlib.contextmanager
+def served_mlflow(backend: str, artifacts: str, s3_server: S3Server, log: Path,
+                  timeout: float) -> Iterator[MlflowServer]:
+    """``mlflow server`` on 127.0.0.1 (one worker, no Huey job consumers): runs and registry in ``backend``,
+    artifacts proxied to ``artifacts`` (an S3 URI); stopped when the block ends."""
     port = free_port()
-    artifacts = s3_server.uri("mlartifacts")
     proc = start_process([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                          "--workers", "1", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
-                          "--artifacts-destination", artifacts], log, env={**os.environ, **s3_server.env, **NO_JOBS})
+                          "--workers", "1", "--backend-store-uri", backend, "--artifacts-destination", artifacts],
+                         log, env={**os.environ, **s3_server.env, **NO_JOBS})
     uri = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{uri}/health", proc, log, timeout=120)
+        wait_http(f"{uri}/health", proc, log, timeout=timeout)
         yield MlflowServer(uri=uri, artifacts=artifacts, log=log)
     finally:
         stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """``mlflow server`` on sqlite whose artifact store is ``s3://ropim-test/mlartifacts``; only the server talks to
+    S3 (clients upload through it: ``mlflow-artifacts:/`` URIs)."""
+    workdir = tmp_path_factory.mktemp("mlflow")
+    with served_mlflow(f"sqlite:///{workdir / 'mlflow.db'}", s3_server.uri("mlartifacts"), s3_server,
+                       workdir / "server.log", timeout=120) as server:
+        yield server
 
 
 @dataclass(frozen=True)
@@ -347,15 +356,6 @@ def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
 def mlflow_db_server(database: Database, s3_server: S3Server,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """``mlflow server`` as ``mlflow_server``, its runs and registry in ``database`` (PostgreSQL when there)."""
-    log = tmp_path_factory.mktemp("mlflow-db") / "server.log"
-    port = free_port()
-    artifacts = s3_server.uri("mlartifacts-db")
-    proc = start_process([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                          "--workers", "1", "--backend-store-uri", database.uri, "--artifacts-destination", artifacts],
-                         log, env={**os.environ, **s3_server.env, **NO_JOBS})
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{uri}/health", proc, log, timeout=180)
-        yield MlflowServer(uri=uri, artifacts=artifacts, log=log)
-    finally:
-        stop_process(proc)
+    with served_mlflow(database.uri, s3_server.uri("mlartifacts-db"), s3_server,
+                       tmp_path_factory.mktemp("mlflow-db") / "server.log", timeout=180) as server:
+        yield server
