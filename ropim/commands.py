@@ -1,6 +1,6 @@
-"""What each ``ropim`` subcommand runs, given its parsed flags. Configs are validated, the tracking store reached and
-encoder URIs checked before torch, Ray or MLflow-heavy modules are imported, so bad input fails in a fraction of a
-second."""
+"""What each ``ropim`` subcommand runs, given its parsed flags. Configs are validated, the tracking store reached,
+encoder URIs checked and the training split counted before torch, Ray or MLflow-heavy modules are imported, so bad
+input fails in a fraction of a second."""
 
 from __future__ import annotations
 
@@ -77,6 +77,7 @@ def run_models(ns: Namespace) -> None:
 
 
 def run_pretrain(ns: Namespace) -> None:
+    from ropim.data.sources import check_batch_fits
     from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
 
     cfg = config(ns, PretrainConfig)
@@ -85,6 +86,7 @@ def run_pretrain(ns: Namespace) -> None:
 
         cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
     preflight(cfg)
+    check_batch_fits(cfg.data, cfg.global_batch_size, "global_batch_size")
     from ropim.train.pretrain import pretrain
 
     result = pretrain(cfg)
@@ -92,10 +94,12 @@ def run_pretrain(ns: Namespace) -> None:
 
 
 def run_finetune(ns: Namespace) -> None:
+    from ropim.data.sources import check_batch_fits
     from ropim.train.config import FinetuneConfig
 
     cfg = config(ns, FinetuneConfig)
     preflight(cfg, [cfg.encoder])
+    check_batch_fits(cfg.data, cfg.batch_size, "batch_size")
     from ropim.train.finetune import finetune
 
     metrics = finetune(cfg)

@@ -3,7 +3,15 @@ whole test run. Tiny configs and builders are in ``support.py``."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Ray Train's controller polls its workers every 2 s; a tiny test run ends, fails or restarts that much later. Tests
+# poll every 0.1 s (Ray hands the variable on to the controller). The preemption watcher (cloud spot-instance
+# notices) is one more actor per run, with nothing to watch on this machine.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 @pytest.fixture(scope="module")

@@ -77,11 +77,12 @@ def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
 
 
 def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow():
-    """`ropim --help`, `ropim pretrain --help` and a config error answer without the heavy libraries."""
+    """`ropim --help`, `ropim pretrain --help` and config errors (a sweep's too) answer without the heavy libraries."""
     script = """
 import sys
 from ropim.cli import main
-for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"]):
+for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
+             ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"]):
     try:
         main(argv)
     except SystemExit:

@@ -7,13 +7,18 @@ pretraining preset they start from and a few pretraining overrides.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
-from tune.spaces import max_value, n_grid_points, validate_space
+from ropim.tracking.names import default_run_name
+from ropim.train.config import FinetuneConfig, PretrainConfig
+from tune.spaces import apply_trial, max_value, n_grid_points, validate_space
 
 PRESETS = Path(__file__).with_name("presets")
 SEARCHES = ("grid", "tpe")
@@ -110,3 +115,34 @@ def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float,
     if use_gpu:
         fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
     return max(1, fits)
+
+
+def prepare(cfg: SweepConfig) -> SweepConfig:
+    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch
+    at least, and validate the sweep and every value each knob can take, before Ray starts."""
+    pretrain = json.loads(json.dumps(cfg.pretrain))
+    source = pretrain["data"]["source"]
+    if source != "digits" and "://" not in source and not os.path.isabs(source) and os.path.exists(source):
+        pretrain["data"]["source"] = os.path.abspath(source)
+    if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
+        raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
+    if pretrain.get("eval_every", 0) < 1:
+        pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
+    if cfg.metric == "linear_top1":
+        pretrain["eval_linear_probe"] = True
+    storage = cfg.storage_path if "://" in cfg.storage_path else str(Path(cfg.storage_path).absolute())
+    cfg = dataclasses.replace(cfg, pretrain=pretrain, storage_path=storage,
+                              name=cfg.name or default_run_name(cfg.preset))
+    cfg.validate()
+    base = PretrainConfig.from_dict(pretrain).validate()
+    for knob, dist in cfg.space.items():
+        for value in next(iter(dist.values())):
+            PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
+    finetune = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate() if cfg.metric == "finetune_top1" \
+        else None
+    from ropim.data.sources import check_batch_fits  # pyarrow, no torch
+
+    check_batch_fits(base.data, base.global_batch_size, "global_batch_size")
+    if finetune is not None:
+        check_batch_fits(base.data, finetune.batch_size, "finetune.batch_size")
+    return cfg

@@ -8,22 +8,17 @@ study (in its own storage beside the experiment) keeps its history.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from pathlib import Path
 
 from ray.tune.search.optuna import OptunaSearch
 
-from ropim.errors import ConfigError
-from ropim.tracking.runs import Run, default_run_name, open_run
+from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.runtime import ray_session
-from tune.config import SweepConfig, default_concurrency, grid_seeds
+from tune.config import SweepConfig, default_concurrency, grid_seeds, prepare
 from tune.outcome import SweepResult, finish
 from tune.resources import ReleaseEndedTrials, release_all
-from tune.spaces import apply_trial, to_tune
+from tune.spaces import to_tune
 from tune.study import study_storage
 from tune.trial import trial_driver
 
@@ -41,39 +36,6 @@ class MetricOptunaSearch(OptunaSearch):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if self.metric in result:
             super().on_trial_result(trial_id, result)
-
-
-def prepare(cfg: SweepConfig) -> SweepConfig:
-    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch
-    at least, and validate the sweep and every value each knob can take, before Ray starts."""
-    pretrain = json.loads(json.dumps(cfg.pretrain))
-    source = pretrain["data"]["source"]
-    if source != "digits" and "://" not in source and not os.path.isabs(source) and os.path.exists(source):
-        pretrain["data"]["source"] = os.path.abspath(source)
-    if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
-        raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
-    if pretrain.get("eval_every", 0) < 1:
-        pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
-    if cfg.metric == "linear_top1":
-        pretrain["eval_linear_probe"] = True
-    storage = cfg.storage_path if "://" in cfg.storage_path else str(Path(cfg.storage_path).absolute())
-    cfg = dataclasses.replace(cfg, pretrain=pretrain, storage_path=storage,
-                              name=cfg.name or default_run_name(cfg.preset))
-    cfg.validate()
-    base = PretrainConfig.from_dict(pretrain).validate()
-    for knob, dist in cfg.space.items():
-        for value in next(iter(dist.values())):
-            PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
-    finetune = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate() if cfg.metric == "finetune_top1" \
-        else None
-    from ropim.data.datasets import count_images
-
-    n_train = count_images(base.data, "train")
-    if n_train < base.global_batch_size:
-        raise ConfigError(f"global_batch_size={base.global_batch_size} exceeds the training split ({n_train} images)")
-    if finetune is not None and n_train < finetune.batch_size:
-        raise ConfigError(f"finetune.batch_size={finetune.batch_size} exceeds the training split ({n_train} images)")
-    return cfg
 
 
 def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):

@@ -23,7 +23,7 @@ from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_preset
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
 from ropim.train.config import FinetuneConfig, PretrainConfig
-from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
+from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig, prepare
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
 NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
@@ -104,10 +104,11 @@ def config_from_args(argv: list[str]) -> SweepConfig:
 
 
 def run(ns: Namespace) -> None:
-    """Run (or continue) the sweep the flags describe."""
+    """Run (or continue) the sweep the flags describe; bad input fails before Ray Tune and torch are imported."""
+    cfg = prepare(config_from_namespace(ns))
     from tune.driver import run_sweep
 
-    run_sweep(config_from_namespace(ns))
+    run_sweep(cfg)
 
 
 class SweepCommand:

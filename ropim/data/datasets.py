@@ -68,11 +68,6 @@ class ImageListDataset(Dataset):
         raise ConfigError(f"no decodable image among the {n} images of this split; check the files")
 
 
-def count_images(cfg: DataConfig, split: str) -> int:
-    """Images in ``split`` without decoding any (bad files included; they are found when decoded)."""
-    return len(split_list(open_source(cfg), cfg, split))
-
-
 def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32) -> Dataset:
     """The ``split`` ('train' or 'val') of the configured source as a torch Dataset.
 

@@ -184,6 +184,19 @@ def split_list(src: Source, cfg: DataConfig, split: str | None, cache_files: int
     return lst
 
 
+def count_images(cfg: DataConfig, split: str) -> int:
+    """Images in ``split`` without decoding any (bad files included; they are found when decoded)."""
+    return len(split_list(open_source(cfg), cfg, split))
+
+
+def check_batch_fits(cfg: DataConfig, batch_size: int, name: str) -> int:
+    """The training split's image count; ConfigError naming the flag ``name`` when it holds less than one batch."""
+    n = count_images(cfg, "train")
+    if n < batch_size:
+        raise ConfigError(f"{name}={batch_size} exceeds the training split ({n} images)")
+    return n
+
+
 def _concat(pools: list[ImageList]) -> ImageList:
     labels = np.concatenate([p.labels for p in pools])
     paths = [p for pool in pools for p in pool.paths]

@@ -1,10 +1,10 @@
-"""Classification scores: top-k accuracy (timm), confusion matrices and per-class recall (scikit-learn)."""
+"""Classification scores: top-k accuracy (timm), confusion matrices and per-class recall (scikit-learn, imported
+by the confusion matrix only: kNN and top-k run in processes that never load it)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import confusion_matrix as sk_confusion_matrix
 from timm.utils import accuracy
 
 
@@ -23,6 +23,8 @@ def topk_accuracy(scores: torch.Tensor, target: torch.Tensor) -> dict[str, float
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, n_classes: int) -> torch.Tensor:
     """(K, K) int64 counts, rows = true class, columns = predicted class."""
+    from sklearn.metrics import confusion_matrix as sk_confusion_matrix
+
     counts = sk_confusion_matrix(target.cpu().numpy(), pred.cpu().numpy(), labels=np.arange(n_classes))
     return torch.as_tensor(counts, dtype=torch.int64)
 

@@ -28,7 +28,8 @@ from ropim.eval.metrics import confusion_matrix
 from ropim.flows.config import ProbeConfig
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
-from ropim.tracking.runs import default_run_name, open_run
+from ropim.tracking.names import default_run_name
+from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import classifier_from, dataset_name, eval_split, log_results, run_tags, tag_version
 from ropim.train.runtime import gpu_or_cpu

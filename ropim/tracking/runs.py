@@ -15,8 +15,6 @@ the fields a caller declares ``resumable``), and a finished run is reported rath
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,11 +26,6 @@ from ropim.tracking.storage import storage_fs
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
 
 RUN_META = "ropim_run.json"
-
-
-def default_run_name(prefix: str) -> str:
-    """``<prefix>-<YYYYmmdd-HHMMSS>-<4 hex>``: unique even for jobs started in the same second."""
-    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def read_run_meta(storage_path: str, name: str) -> dict | None:

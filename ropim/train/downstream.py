@@ -18,7 +18,6 @@ from ropim.data.datasets import build_dataset, eval_transform
 from ropim.errors import ConfigError
 from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_top1
-from ropim.eval.linear import linear_probe
 from ropim.eval.metrics import per_class_accuracy
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
@@ -132,5 +131,7 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     val_x, val_y = extract_features(encoder, build_dataset(data, "val", tf, img_size))
     scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}
     if linear:
+        from ropim.eval.linear import linear_probe  # scikit-learn: loaded by the processes that probe, only
+
         scores["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y)["top1"]
     return scores

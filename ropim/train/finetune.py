@@ -28,11 +28,13 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from ropim.console import ensure_logging
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
+from ropim.data.sources import check_batch_fits
 from ropim.errors import ConfigError
 from ropim.eval.metrics import confusion_matrix, topk_hits
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
-from ropim.tracking.runs import default_run_name, open_run
+from ropim.tracking.names import default_run_name
+from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.config import FINETUNE_RESUMABLE, FinetuneConfig
 from ropim.train.downstream import (
@@ -213,9 +215,7 @@ def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, Encoder
     data = cfg.data.resolved()
     img_size = cfg.img_size or ref.config["img_size"]
     eval_split(ref, data, img_size)  # image size and channels checked against the encoder
-    n_train = len(build_dataset(data, "train", None, img_size))
-    if n_train < cfg.batch_size:
-        raise ConfigError(f"batch_size={cfg.batch_size} exceeds the training split ({n_train} images)")
+    check_batch_fits(data, cfg.batch_size, "batch_size")
     run_name = cfg.run_name or default_run_name(f"{cfg.kind}-{dataset_name(data)}")
     return dataclasses.replace(cfg, encoder=ref.pinned, data=data, run_name=run_name), ref
 

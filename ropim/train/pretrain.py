@@ -29,10 +29,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ropim.checks import check_location
 from ropim.console import ensure_logging
 from ropim.core.model import ROPIM, encoder_spec
-from ropim.data.datasets import build_dataset, count_images, pretrain_transform, validation_images
+from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
+from ropim.data.sources import check_batch_fits, count_images
 from ropim.errors import ConfigError
 from ropim.tracking import registry, store
-from ropim.tracking.runs import default_run_name, open_run, read_run_meta
+from ropim.tracking.names import default_run_name
+from ropim.tracking.runs import open_run, read_run_meta
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.background import Background
 from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
@@ -248,9 +250,7 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     ensure_logging()
     cfg.validate()
     cfg.check_resources()
-    n_train = count_images(cfg.data, "train")
-    if n_train < cfg.global_batch_size:
-        raise ConfigError(f"global_batch_size={cfg.global_batch_size} exceeds the training split ({n_train} images)")
+    check_batch_fits(cfg.data, cfg.global_batch_size, "global_batch_size")
     uri = tracking_uri()
     check_tracking(uri)
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name("pretrain"))

@@ -17,10 +17,10 @@ from sample_data import cifar10, encode, pixels, write_parquet
 from ropim.cli import main as cli_main
 from ropim.data.config import DataConfig
 from ropim.data.convert import convert
-from ropim.data.datasets import build_dataset, count_images, eval_transform, pretrain_transform
+from ropim.data.datasets import build_dataset, eval_transform, pretrain_transform
 from ropim.data.decode import BadImageError, decode_rgb
 from ropim.data.inspect import inspect_source
-from ropim.data.sources import open_source, split_list
+from ropim.data.sources import count_images, open_source, split_list
 from ropim.errors import ConfigError
 
 

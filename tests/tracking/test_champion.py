@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 from ropim.tracking import store
 from ropim.tracking.champion import dataset_alias, promote_champion
@@ -40,11 +39,14 @@ def test_champion_rule_per_metric_and_dataset(workdir):
 RACER = """
 import random, sys, time
 from ropim.tracking.champion import promote_champion
-version, value, start, uri = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+version, value, uri = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 rng = random.Random(version)
-for i, name in enumerate(sys.argv[5:]):
-    time.sleep(max(0.0, start + 0.6 * i - time.time()) + rng.random() * 0.05)  # both sides start each round together
+print("ready", flush=True)  # MLflow imported
+for name in sys.argv[4:]:
+    sys.stdin.readline()  # the test starts both sides of a round together
+    time.sleep(rng.random() * 0.05)
     promote_champion(name, version, "knn_top1@k=20", "digits", value, uri=uri)
+    print("done", flush=True)
 """
 
 
@@ -57,11 +59,18 @@ def test_two_concurrent_promotions_leave_the_better_encoder_holding_both_aliases
         c.create_registered_model(name)
         for _ in range(2):
             c.create_model_version(name, "file:///nowhere")
-    start = str(time.time() + 8)  # after both processes have imported MLflow
-    sides = [subprocess.Popen([sys.executable, "-c", RACER, version, value, start, uri, *names], text=True,
-                              stderr=subprocess.PIPE) for version, value in (("1", "70"), ("2", "40"))]
+    sides = [subprocess.Popen([sys.executable, "-c", RACER, version, value, uri, *names], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for version, value in (("1", "70"), ("2", "40"))]
+    for _ in names:  # a round starts when both sides are ready: MLflow imported, the round before finished
+        for p in sides:
+            assert p.stdout.readline().strip() in ("ready", "done"), p.stderr.read()[-2000:]
+        for p in sides:
+            p.stdin.write("go\n")
+            p.stdin.flush()
     for p in sides:
-        assert p.wait(timeout=180) == 0, p.stderr.read()[-2000:]
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-2000:]
     for name in names:
         holders = {a: str(c.get_model_version_by_alias(name, a).version) for a in ("champion", "champion-digits")}
         assert holders == {"champion": "1", "champion-digits": "1"}, (name, holders)

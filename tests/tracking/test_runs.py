@@ -7,7 +7,8 @@ import pytest
 
 from ropim.errors import ConfigError
 from ropim.tracking import store
-from ropim.tracking.runs import default_run_name, open_run, read_run_meta
+from ropim.tracking.names import default_run_name
+from ropim.tracking.runs import open_run, read_run_meta
 
 
 def status(run_id: str) -> str:

@@ -19,7 +19,7 @@ from ropim.train.pretrain import pretrain
 def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray_session, tmp_path):
     shards = tmp_path / "digits-parquet"
     convert(DataConfig(source="digits"), str(shards), shard_size=400, progress=False)
-    cfg = tiny_pretrain(run_name="crash", epochs=3, max_steps_per_epoch=2, num_workers=2, cpus_per_worker=0.5,
+    cfg = tiny_pretrain(run_name="crash", epochs=2, max_steps_per_epoch=2, num_workers=2, cpus_per_worker=0.5,
                         ingest="ray_data", data=DataConfig(source=str(shards)))
     marker = str(tmp_path / "crashed")
 
@@ -49,13 +49,13 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert os.path.exists(marker)  # the worker did die
-    assert result.metrics["epoch"] == 3 and result.metrics["step"] == 6 and result.encoder_uri is not None
+    assert result.metrics["epoch"] == 2 and result.metrics["step"] == 4 and result.encoder_uri is not None
     c = store.client()
     history = sorted(c.get_metric_history(result.run_id, "loss"), key=lambda m: m.step)
-    assert [m.step for m in history] == [1, 2, 3]  # epoch 2, retrained after the restart, is recorded once
+    assert [m.step for m in history] == [1, 2]  # epoch 2, retrained after the restart, is recorded once
     assert [m.value for m in sorted(c.get_metric_history(result.run_id, "bad_images"), key=lambda m: m.step)] == \
-        [0.0, 0.0, 0.0]
-    assert [m.step for m in c.get_metric_history(result.run_id, "step")] == [1, 2, 3]
+        [0.0, 0.0]
+    assert [m.step for m in c.get_metric_history(result.run_id, "step")] == [1, 2]
     versions = c.search_model_versions(f"run_id='{result.run_id}'")
     assert len(versions) == 1 and c.get_run(result.run_id).info.status == "FINISHED"
 
