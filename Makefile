@@ -24,8 +24,9 @@ lint: $(VENV)/.installed
 test: lint
 	$(VENV)/bin/pytest
 
-# the multi-node tests (tests/cluster, marker `cluster`): an S3 server, MLflow servers and a Ray cluster of a head
-# and two worker nodes on this machine; `make test` leaves them out
+# the cluster tests (tests/cluster, marker `cluster`): an S3 server, MLflow servers, a Ray cluster of a head and two
+# worker nodes, and `make cluster-up`'s locked-down head + MLflow server, all on this machine; `make test` leaves them
+# out
 test-cluster: $(VENV)/.installed
 	$(VENV)/bin/pytest -m cluster tests/cluster
 

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.cluster  # a Ray head and an MLflow server: `make test-cluster`
+
+ROOT = Path(__file__).resolve().parents[2]
 PORTS = {  # away from the defaults so a developer's own `make cluster-up` keeps running
     "RAY_PORT": "6391", "DASH_PORT": "8277", "MLFLOW_PORT": "5011", "RAY_CLIENT_PORT": "10021",
     "RAY_DASH_AGENT_PORT": "52385", "RAY_AUTOSCALER_METRIC_PORT": "44257", "RAY_DASHBOARD_METRIC_PORT": "44267",
