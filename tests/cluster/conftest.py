@@ -243,6 +243,11 @@ def ray_cluster(s3_server: S3Server) -> Iterator[RayCluster]:
     os.makedirs(os.path.join(root, "ray"))
     patch = pytest.MonkeyPatch()
     patch.setenv("RAY_TMPDIR", root)
+    # Ray Train's defaults here, as users run it (tests/conftest.py polls every 0.1 s to speed up `make test`): the
+    # sweep test frees node b while node a still holds its finished first trial, which a 2 s poll keeps true, and
+    # the README's recovery figures were measured with them
+    for name in ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"):
+        patch.delenv(name, raising=False)
     cluster = None
     try:
         cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
