@@ -86,7 +86,7 @@ def run_pretrain(ns: Namespace) -> None:
 
         cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
     preflight(cfg)
-    check_batch_fits(cfg.data, cfg.global_batch_size, "global_batch_size")
+    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
     from ropim.train.pretrain import pretrain
 
     result = pretrain(cfg)
@@ -99,7 +99,7 @@ def run_finetune(ns: Namespace) -> None:
 
     cfg = config(ns, FinetuneConfig)
     preflight(cfg, [cfg.encoder])
-    check_batch_fits(cfg.data, cfg.batch_size, "batch_size")
+    check_batch_fits(cfg.data, {"batch_size": cfg.batch_size})
     from ropim.train.finetune import finetune
 
     metrics = finetune(cfg)

@@ -57,6 +57,13 @@ CASES = {  # id: (argv, what the one line must name)
     "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
                                  "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
+    "batch larger than the data": ((*PRE, "--global_batch_size", "4096"),
+                                   "global_batch_size=4096 exceeds the training split"),
+    "fine-tune batch larger than the data": ((*FT, "--batch_size", "4096"),
+                                             "batch_size=4096 exceeds the training split"),
+    "sweep fine-tune batch larger than the data": (
+        ("sweep", "--metric", "finetune_top1", "--finetune.batch_size", "4096"),
+        "finetune.batch_size=4096 exceeds the training split"),
     "val fraction above 1": ((*PRE, "--data.val_fraction", "1.5"), "val_fraction=1.5"),
     "unknown data format": ((*PRE, "--data.format", "tiff"), '"data.format"'),
     "unknown preset": (("pretrain", "--preset", "nope"), "unknown --preset 'nope'"),

@@ -82,7 +82,9 @@ def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow():
 import sys
 from ropim.cli import main
 for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
-             ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"]):
+             ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
+             ["pretrain", "--global_batch_size", "4096"],  # the training split is counted before torch loads
+             ["sweep", "--metric", "finetune_top1", "--finetune.batch_size", "4096"]):
     try:
         main(argv)
     except SystemExit:

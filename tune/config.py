@@ -138,11 +138,10 @@ def prepare(cfg: SweepConfig) -> SweepConfig:
     for knob, dist in cfg.space.items():
         for value in next(iter(dist.values())):
             PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
-    finetune = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate() if cfg.metric == "finetune_top1" \
-        else None
+    batches = {"global_batch_size": base.global_batch_size}
+    if cfg.metric == "finetune_top1":
+        batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
-    check_batch_fits(base.data, base.global_batch_size, "global_batch_size")
-    if finetune is not None:
-        check_batch_fits(base.data, finetune.batch_size, "finetune.batch_size")
+    check_batch_fits(base.data, batches)
     return cfg

@@ -189,11 +189,13 @@ def count_images(cfg: DataConfig, split: str) -> int:
     return len(split_list(open_source(cfg), cfg, split))
 
 
-def check_batch_fits(cfg: DataConfig, batch_size: int, name: str) -> int:
-    """The training split's image count; ConfigError naming the flag ``name`` when it holds less than one batch."""
+def check_batch_fits(cfg: DataConfig, batches: dict[str, int]) -> int:
+    """The training split's image count, listed once; ConfigError naming the flag when it holds less than one of
+    the ``batches`` ({flag: batch size})."""
     n = count_images(cfg, "train")
-    if n < batch_size:
-        raise ConfigError(f"{name}={batch_size} exceeds the training split ({n} images)")
+    for name, batch_size in batches.items():
+        if n < batch_size:
+            raise ConfigError(f"{name}={batch_size} exceeds the training split ({n} images)")
     return n
 
 

@@ -215,7 +215,7 @@ def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, Encoder
     data = cfg.data.resolved()
     img_size = cfg.img_size or ref.config["img_size"]
     eval_split(ref, data, img_size)  # image size and channels checked against the encoder
-    check_batch_fits(data, cfg.batch_size, "batch_size")
+    check_batch_fits(data, {"batch_size": cfg.batch_size})
     run_name = cfg.run_name or default_run_name(f"{cfg.kind}-{dataset_name(data)}")
     return dataclasses.replace(cfg, encoder=ref.pinned, data=data, run_name=run_name), ref
 

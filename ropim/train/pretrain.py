@@ -250,7 +250,7 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     ensure_logging()
     cfg.validate()
     cfg.check_resources()
-    check_batch_fits(cfg.data, cfg.global_batch_size, "global_batch_size")
+    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
     uri = tracking_uri()
     check_tracking(uri)
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name("pretrain"))
