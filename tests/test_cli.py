@@ -76,24 +76,35 @@ def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
     assert "Started a local Ray instance" not in proc.stderr
 
 
-def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow():
-    """`ropim --help`, `ropim pretrain --help` and config errors (a sweep's too) answer without the heavy libraries."""
-    script = """
+def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
+    """`ropim --help`, `ropim pretrain --help`, config errors (a sweep's too) and a training split smaller than a
+    batch answer without the heavy libraries (a Parquet split is counted with pyarrow; the built-in digits are
+    resized with torch, so the split check uses files here)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.table({"image": [b"x"] * 100, "label": pa.array([0, 1] * 50, pa.int64()),
+                             "path": [f"{i}.png" for i in range(100)]}), shards / "part-0.parquet")
+    script = f"""
 import sys
 from ropim.cli import main
 for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
-             ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
-             ["pretrain", "--global_batch_size", "4096"],  # the training split is counted before torch loads
-             ["sweep", "--metric", "finetune_top1", "--finetune.batch_size", "4096"]):
+             ["sweep", "--space", '{{"rho": {{"grid": [0.1, 1.5]}}}}'], ["sweep", "--name", "../x"],
+             ["pretrain", "--data.source", "{shards}", "--global_batch_size", "4096"],
+             ["sweep", "--data.source", "{shards}", "--metric", "finetune_top1", "--finetune.batch_size", "4096"]):
     try:
         main(argv)
-    except SystemExit:
-        pass
+    except SystemExit as err:
+        print("EXIT", err)
 heavy = sorted(m for m in ("torch", "ray", "mlflow", "timm") if m in sys.modules)
 print("HEAVY", heavy)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (" in proc.stdout
+    assert "EXIT ropim sweep: finetune.batch_size=4096 exceeds the training split (" in proc.stdout
 
 
 def test_presets_list_and_print_config(tmp_path):
