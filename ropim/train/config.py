@@ -24,7 +24,7 @@ from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.train.placement import check_placement
 from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker",
@@ -46,7 +46,7 @@ class LoopConfig:
     seed: int
     accum_steps: int = 1
     clip_grad: float | None = None
-    precision: str = "fp32"
+    precision: str = "auto"  # resolved on the worker's device (``ropim.train.speed.resolve_precision``)
     checkpoint_every: int = 1
     stop_after_epochs: int | None = None
     max_steps_per_epoch: int | None = None
@@ -105,7 +105,7 @@ class PretrainConfig(SpeedOptions):
     weight_decay: float = 0.05
     beta2: float = 0.95
     clip_grad: float | None = 5.0  # max gradient norm (the paper's 5.0); None = no clipping
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
+    precision: str = "auto"  # auto (bf16 on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 (GPU only)
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # with ingest=ray_data leave CPUs to Ray Data: 0.5 for 2 workers on 2 CPUs
@@ -210,7 +210,7 @@ class FinetuneConfig(SpeedOptions):
     crop_scale_min: float = 0.08
     hflip: float = 0.5
     clip_grad: float | None = None
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
+    precision: str = "auto"  # auto (bf16 on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 (GPU only)
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0

@@ -48,7 +48,7 @@ from ropim.train.downstream import (
 )
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
 from ropim.train.runtime import WorkerFn, fit, run_dir
-from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.speed import adamw_kernels, images_to, resolve_precision
 
 log = logging.getLogger("ropim.finetune")
 
@@ -156,7 +156,7 @@ class FinetuneTask:
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         n_classes = len(self.classes)
         counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device,
-                                       autocast_dtype(self.cfg.precision))
+                                       autocast_dtype(resolve_precision(self.cfg.precision, self.worker.device)))
         gathered = self.worker.gather(torch.cat([counts, conf.flatten()]).double()).sum(0).long()
         counts, conf = gathered[:3], gathered[3:].reshape(n_classes, n_classes)
         metrics = {"top1": 100 * counts[0].item() / counts[2].item(), "top5": 100 * counts[1].item() / counts[2].item()}

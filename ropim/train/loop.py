@@ -37,7 +37,7 @@ from timm.scheduler import CosineLRScheduler
 from ropim.train.checkpoint import load_checkpoint, save_checkpoint
 from ropim.train.config import LoopConfig
 from ropim.train.guard import Diverged, StepGuard, write_stop
-from ropim.train.speed import tf32_matmuls
+from ropim.train.speed import resolve_precision, tf32_matmuls
 
 log = logging.getLogger("ropim.train")
 
@@ -153,7 +153,10 @@ class Loop:
         self.model, self.optimizer = task.build(worker)
         if cfg.channels_last:
             self.model.to(memory_format=torch.channels_last)
-        self.scaler = grad_scaler(cfg.precision)
+        self.precision = resolve_precision(cfg.precision, worker.device)
+        if worker.rank == 0 and cfg.precision != self.precision:
+            log.info(f"[{cfg.kind}] precision {cfg.precision} -> {self.precision} on {worker.device.type}")
+        self.scaler = grad_scaler(self.precision)
         self.start_epoch, self.step = 0, 0
         with worker.latest_checkpoint() as folder:
             if folder is not None:
@@ -173,8 +176,8 @@ class Loop:
                                            warmup_t=round(cfg.warmup_epochs * self.steps),
                                            warmup_lr_init=cfg.min_lr, t_in_epochs=False)
         self.scheduler.step_update(self.step)
-        self.amp_dtype = autocast_dtype(cfg.precision)
-        self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, cfg.precision)
+        self.amp_dtype = autocast_dtype(self.precision)
+        self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, self.precision)
 
     @property
     def lr(self) -> float:

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import platform
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -33,3 +36,30 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(saved)
+
+
+@functools.cache
+def cpu_features() -> dict:
+    """This machine's CPU model and instruction flags that decide its fastest precision (Linux ``/proc/cpuinfo``;
+    elsewhere none are known). Without native bf16 (AVX512-BF16 or AMX-BF16), bf16 matmuls run in fallback kernels
+    many times slower than fp32 (``bench/cpu_step.py --profile``)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    found = {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}
+    return {"model": model, **found, "native_bf16": found["avx512_bf16"] or found["amx_bf16"]}
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``precision`` with ``auto`` decided for ``device``: bf16 on a CPU with native bf16 instructions, else fp32
+    (on CUDA too, until a GPU measurement in ``bench/results`` says otherwise)."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cpu" and cpu_features()["native_bf16"] else "fp32"

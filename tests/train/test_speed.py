@@ -71,3 +71,23 @@ def test_pretrain_and_finetune_with_every_speed_option(workdir, compiled):
     out = finetune(tiny_finetune(enc, num_workers=0, epochs=1, registered_model="", run_name="ft-fast", **FAST))
     assert out["step"] == 2 and 0 <= out["top1"] <= 100
     assert len(compiled) == 2
+
+
+@pytest.mark.parametrize(("native", "device", "expected"), [(True, "cpu", "bf16"), (False, "cpu", "fp32"),
+                                                             (True, "cuda", "fp32")])
+def test_auto_precision_follows_the_cpu(monkeypatch, native, device, expected):
+    """``auto`` is bf16 only on a CPU with native bf16 instructions; an explicit precision is kept as it is."""
+    from ropim.train import speed
+
+    monkeypatch.setattr(speed, "cpu_features", lambda: {"native_bf16": native})
+    assert speed.resolve_precision("auto", torch.device(device)) == expected
+    assert speed.resolve_precision("fp32", torch.device(device)) == "fp32"
+    assert speed.resolve_precision("bf16", torch.device(device)) == "bf16"
+
+
+def test_cpu_features_reads_this_machine():
+    from ropim.train.speed import cpu_features
+
+    found = cpu_features()
+    assert isinstance(found["model"], str) and found["model"]
+    assert found["native_bf16"] == (found["avx512_bf16"] or found["amx_bf16"])
