@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,15 +52,20 @@ class DropTrainReportLines(logging.Filter):
 
 
 class RayWorker:
-    """The loop's view of a Ray Train worker."""
+    """The loop's view of a Ray Train worker: its intra-op threads are the CPUs it was given (``cpus_per_worker``,
+    at least 1), whatever ``OMP_NUM_THREADS`` the environment holds, so that a run computes the same numbers on any
+    shell of the same machine."""
 
     def __init__(self) -> None:
+        import ray
         import ray.train
         import ray.train.torch
 
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") or 1
+        torch.set_num_threads(max(1, math.floor(cpus)))
         for handler in logging.getLogger().handlers:
             handler.addFilter(DropTrainReportLines())
 
