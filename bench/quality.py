@@ -108,12 +108,16 @@ def score(args, method: str, backbone: str, seed: int, pre: DataConfig, labelled
         torch.manual_seed(seed)
         encoder = create_encoder(cfg.model)
         ft = baseline(dataclasses.replace(ft, encoder=encoder_folder(encoder, cfg)))
+        seen = 0
     else:
-        ft = dataclasses.replace(ft, encoder=pretrain(cfg).encoder_uri)
+        result = pretrain(cfg)
+        ft = dataclasses.replace(ft, encoder=result.encoder_uri)
         encoder, _ = load_encoder(ft.encoder)
+        seen = result.metrics["step"] * cfg.global_batch_size
     t_pre = time.perf_counter() - t0
     frozen = frozen_scores(encoder, 32, labelled, knn_k=20)
-    return {"method": method, "backbone": backbone, "seed": seed, "pretrain_s": round(t_pre, 1), **frozen,
+    return {"method": method, "backbone": backbone, "seed": seed, "pretrain_s": round(t_pre, 1),
+            "pretrain_images_seen": seen, **frozen,
             "finetune_top1": finetune(ft)["top1"], "total_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -151,7 +155,7 @@ def table(rows: list[dict], args) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=os.environ.get("ROPIM_BENCH_DATA"),
-                   required="ROPIM_BENCH_DATA" not in os.environ, help="CIFAR-10 Parquet shards (or ROPIM_BENCH_DATA)")
+                   help="CIFAR-10 Parquet shards (or ROPIM_BENCH_DATA)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     p.add_argument("--backbones", nargs="+", choices=("beit", "vit"), default=["beit", "vit"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
@@ -170,8 +174,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="only write the pretraining pool (no held-out rows) as Parquet shards in this folder, for "
                         "the rho sweep that picks --best-rho on a split of its own (see the README), and exit")
     p.add_argument("--tiny", action="store_true", help=f"the whole path, small: {TINY}")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="build the table from the rows of these JSON results (e.g. one run per seed) and exit")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/quality[_tiny].json)")
     args = p.parse_args(argv)
+    if args.data is None and args.merge is None:
+        p.error("give --data PATH (or ROPIM_BENCH_DATA): CIFAR-10 Parquet shards")
+    args.out = args.out.absolute() if args.out else None  # the run works in a scratch folder
     if args.tiny:
         for k, v in TINY.items():
             setattr(args, k, v)
@@ -187,8 +196,22 @@ def write_pool(data: Path, args, folder: Path) -> None:
     print(f"[quality] {pool.num_rows} images of the pretraining pool -> {folder} (the held-out shard is not in it)")
 
 
+def merge(args) -> dict:
+    """One table from the rows of several results (e.g. seeds run in parallel processes)."""
+    parts = [json.loads(f.read_text()) for f in args.merge]
+    rows = [r for part in parts for r in part["rows"]]
+    result = {"command": [part["command"] for part in parts], "wall_s": max(part["wall_s"] for part in parts),
+              "args": parts[0]["args"], "rows": rows, "table": table(rows, args)}
+    out = args.out or RESULTS / "quality.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(f"{result['table']}\n\n{len(rows)} rows from {len(parts)} runs; {out}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.merge is not None:
+        return merge(args)
     if args.write_subset is not None:
         write_pool(args.data.absolute(), args, args.write_subset)
         return {}
