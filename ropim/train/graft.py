@@ -190,7 +190,8 @@ def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main) -> GraftResult
             print(f"[graft] run {cfg.run_name} already finished (MLflow run {run.run_id}); encoder {uri}", flush=True)
             return GraftResult(run.run_id, cfg.run_name, uri, run.meta.get("checkpoint"), run.meta.get("metrics", {}))
         where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        lower = f"the embedding and blocks 0-{cfg.lower_blocks - 1}" if cfg.lower_blocks else "the embedding"
+        n = cfg.lower_blocks
+        lower = "the embedding" + (f" and blocks 0-{n - 1}" if n > 1 else " and block 0" if n else "")
         print(f"[graft] run {cfg.run_name} {where}: MoCo v3 on {ref.label}, {lower} at {cfg.lower_lr_ratio:g} x lr, "
               f"data {dataset_name(cfg.data)}, MLflow run {run.run_id}", flush=True)
         result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,

@@ -129,8 +129,9 @@ class GraftConfig(SpeedOptions):
         """Blocks trained at the lower rate in an encoder of ``depth`` blocks; ConfigError when outside it."""
         lower = int(LGP_LOWER_SHARE * depth) if self.lower_blocks is None else self.lower_blocks
         if not 0 <= lower <= depth:
-            raise ConfigError(f"lower_blocks={lower}: the encoder {self.encoder} has {depth} blocks; the split point "
-                              f"must lie in [0, {depth}] (or null for LGP's 2/3: {int(LGP_LOWER_SHARE * depth)})")
+            raise ConfigError(f"lower_blocks={lower}: the encoder {self.encoder} has {depth} block"
+                              f"{'s' if depth != 1 else ''}; the split point must lie in [0, {depth}] (or null for "
+                              f"LGP's 2/3: {int(LGP_LOWER_SHARE * depth)})")
         return lower
 
     @property

@@ -11,6 +11,8 @@ import pytest
 from safetensors.torch import load_file
 from support import encoder_folder
 
+from ropim.cli import PRESETS, job_parser, shipped_presets
+from ropim.commands import config
 from ropim.core.config import ModelConfig
 from ropim.core.contrastive import momentum_at
 from ropim.tracking import catalog, registry, store
@@ -114,3 +116,20 @@ def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     again = graft(tiny_graft(uri, run_name="lgp"))  # a finished graft is reported, not registered again
     assert again.encoder_uri == result.encoder_uri
     assert len(store.client().search_model_versions(f"name='{name}'")) == int(version)
+
+
+def load_preset(name: str, *overrides: str) -> GraftConfig:
+    parser = job_parser(GraftConfig, "graft", "test")
+    return config(parser.instantiate(parser.parse_args(["--preset", name, *overrides])), GraftConfig)
+
+
+def test_graft_presets_validate_and_the_paper_one_is_lgps_vit_b_command():
+    for name in shipped_presets(PRESETS / "graft"):
+        load_preset(name, "--data.source", "digits").validate()
+    paper = load_preset("vit_base_in1k")
+    assert (paper.epochs, paper.global_batch_size, paper.warmup_epochs, paper.weight_decay) == (300, 4096, 40, 0.1)
+    assert paper.lr == pytest.approx(2.4e-3)  # LGP: --lr 1 x 4096 / 256 x lr_scale 1.5e-4 for the top third
+    assert (paper.lower_blocks, paper.lower_lr_ratio) == (8, 0.1)  # 1.5e-5 for the embedding and blocks 1-8
+    assert (paper.temperature, paper.momentum, paper.momentum_cosine) == (0.2, 0.99, True)
+    assert (paper.mlp_dim, paper.proj_dim, paper.freeze_patch_embed, paper.crop_min) == (4096, 256, True, 0.08)
+    assert paper.global_batch_size // paper.num_workers == 64  # LGP's 64 images on each of 64 GPUs
