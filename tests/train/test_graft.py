@@ -15,6 +15,7 @@ from ropim.cli import PRESETS, job_parser, shipped_presets
 from ropim.commands import config
 from ropim.core.config import ModelConfig
 from ropim.core.contrastive import momentum_at
+from ropim.data.config import DataConfig
 from ropim.tracking import catalog, registry, store
 from ropim.train.config import PretrainConfig
 from ropim.train.graft import GraftTask, graft
@@ -133,3 +134,13 @@ def test_graft_presets_validate_and_the_paper_one_is_lgps_vit_b_command():
     assert (paper.temperature, paper.momentum, paper.momentum_cosine) == (0.2, 0.99, True)
     assert (paper.mlp_dim, paper.proj_dim, paper.freeze_patch_embed, paper.crop_min) == (4096, 256, True, 0.08)
     assert paper.global_batch_size // paper.num_workers == 64  # LGP's 64 images on each of 64 GPUs
+
+
+def test_local_paths_resolve_against_the_callers_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = GraftConfig(encoder="enc", storage_path="runs", data=DataConfig(source="imgs")).resolved()
+    assert (cfg.encoder, cfg.storage_path, cfg.data.source) == (str(tmp_path / "enc"), str(tmp_path / "runs"),
+                                                                str(tmp_path / "imgs"))
+    remote = GraftConfig(encoder="models:/ropim-encoder@champion", storage_path="s3://bucket/runs").resolved()
+    assert (remote.encoder, remote.storage_path, remote.data.source) == ("models:/ropim-encoder@champion",
+                                                                         "s3://bucket/runs", "digits")
