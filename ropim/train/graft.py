@@ -176,8 +176,9 @@ def register_graft(folder: Path, cfg: GraftConfig, ref: EncoderRef, run_id: str,
     return registry.register_encoder(run_id, encoder, config, cfg.registered_model, tracking)
 
 
-def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main) -> GraftResult:
-    """Validate, train (or continue) the graft, register the grafted encoder; re-running a finished run reports it."""
+def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main, **trainer_kwargs) -> GraftResult:
+    """Validate, train (or continue) the graft, register the grafted encoder; re-running a finished run reports it.
+    ``trainer_kwargs`` go to the TorchTrainer (e.g. ``callbacks=[TuneReportCallback()]`` inside a Ray Tune trial)."""
     ensure_logging()
     tracking = tracking_uri()
     check_tracking(tracking)
@@ -195,7 +196,7 @@ def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main) -> GraftResult
         print(f"[graft] run {cfg.run_name} {where}: MoCo v3 on {ref.label}, {lower} at {cfg.lower_lr_ratio:g} x lr, "
               f"data {dataset_name(cfg.data)}, MLflow run {run.run_id}", flush=True)
         result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
-                                 "run_dir": run_dir(cfg)}, cfg)
+                                 "run_dir": run_dir(cfg)}, cfg, **trainer_kwargs)
         return finish(cfg, ref, run, result)
 
 
