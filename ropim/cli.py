@@ -135,6 +135,7 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
     """The ``ropim`` parser with its subcommands, and the plugin commands it holds."""
     from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
     from ropim.train.config import FinetuneConfig, PretrainConfig
+    from ropim.train.graft_config import GraftConfig
     from ropim.viz.config import VizConfig
 
     parser = parser_of(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
@@ -149,6 +150,12 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
                                               "folder) on Ray Train (num_workers=0: in this process); register it "
                                               "as ropim-classifier."),
                        help="fine-tune from an encoder URI and report top-1 / top-5")
+    sub.add_subcommand("graft", job_parser(GraftConfig, "graft", "LGP-ROPIM's second stage: MoCo v3 on an encoder "
+                                           "(models:/name/version, models:/name@alias, runs:/…, or a folder), its "
+                                           "lower blocks at a fraction of the learning rate (Layer Grafted "
+                                           "Pre-training), on Ray Train; register the result as a new encoder "
+                                           "version tagged stage=lgp."),
+                       help="graft MoCo v3 onto an encoder (LGP-ROPIM) and register it")
     sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
                        help="linear probe + kNN top-1 / top-5 of a frozen encoder")
     sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "

@@ -108,6 +108,19 @@ def run_finetune(ns: Namespace) -> None:
               f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
 
 
+def run_graft(ns: Namespace) -> None:
+    from ropim.data.sources import check_batch_fits
+    from ropim.train.graft_config import GraftConfig
+
+    cfg = config(ns, GraftConfig).resolved()
+    preflight(cfg, [cfg.encoder])
+    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
+    from ropim.train.graft import graft
+
+    result = graft(cfg)
+    print(result.encoder_uri or f"unfinished: re-run with --run_name {result.run_name}")
+
+
 def run_probe(ns: Namespace) -> None:
     from ropim.flows.config import ProbeConfig
 
@@ -150,6 +163,6 @@ def run_viz(ns: Namespace) -> None:
 
 
 RUNNERS: dict[str, Callable[[Namespace], None]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "probe": run_probe, "transfer": run_transfer,
-    "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
+    "pretrain": run_pretrain, "finetune": run_finetune, "graft": run_graft, "probe": run_probe,
+    "transfer": run_transfer, "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
 }

@@ -11,12 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from support import run_cli
+from support import encoder_folder, run_cli
 
 from ropim.checks import visible_gpus
 
 PRE = ("pretrain", "--preset", "digits_demo")
 FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
+GR = ("graft", "--preset", "digits_demo", "--encoder", "GENC")  # GENC: a real encoder of one block
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 CASES = {  # id: (argv, what the one line must name)
     "rho above 1": ((*PRE, "--model.rho", "1.5"), "rho=1.5"),
@@ -80,6 +81,15 @@ CASES = {  # id: (argv, what the one line must name)
     "label smoothing above 1": ((*FT, "--label_smoothing", "1.5"), "label_smoothing=1.5"),
     "mixup negative": ((*FT, "--mixup", "-1"), "mixup=-1"),
     "erasing above 1": ((*FT, "--reprob", "2"), "reprob=2"),
+    "graft from a classifier": (("graft", "--preset", "digits_demo", "--encoder", "CLF"),
+                                "holds a classifier (classifier.safetensors), not an encoder"),
+    "graft split beyond the depth": ((*GR, "--lower_blocks", "3"), "lower_blocks=3: the encoder"),
+    "graft lr ratio above 1": ((*GR, "--lower_lr_ratio", "1.5"), "lower_lr_ratio=1.5"),
+    "graft lr ratio zero": ((*GR, "--lower_lr_ratio", "0"), "lower_lr_ratio=0"),
+    "graft momentum 1": ((*GR, "--momentum", "1.0"), "momentum=1.0: must be a number in [0, 1)"),
+    "graft momentum negative": ((*GR, "--momentum", "-0.5"), "momentum=-0.5"),
+    "graft batch too small for the loss": ((*GR, "--global_batch_size", "2"),
+                                           "global_batch_size=2: 1 image per worker micro batch"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
     "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
     "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
@@ -119,6 +129,10 @@ def fixtures(tmp_path_factory) -> Path:
     table = pa.table({"image": [b"x", b"y"], "label": pa.array([0, 5], pa.int64()), "path": ["a", "b"]})
     pq.write_table(table.replace_schema_metadata({b"classes": b'["a", "b", "c"]'}), work / "range" / "train-0.parquet")
     (work / "ENC").mkdir()
+    encoder_folder(work / "GENC")
+    (work / "CLF").mkdir()  # a fine-tuned classifier's folder: classifier weights + config
+    (work / "CLF" / "classifier.safetensors").write_bytes(b"")
+    (work / "CLF" / "config.json").write_text('{"arch": "vit_tiny_patch16_224", "num_classes": 10}')
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     return work
 

@@ -18,11 +18,20 @@ def scores(tags: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def first_stage(tags: dict[str, str]) -> dict[str, list[str]]:
+    """The lineage entry of a second-stage encoder (tag ``stage``, e.g. ``lgp``): the encoder version it started
+    from and the run that trained that one; {} for a first-stage encoder."""
+    if not tags.get("source_encoder"):
+        return {}
+    run = tags.get("source_run")
+    return {"first stage": [tags["source_encoder"] + (f" (run {run})" if run else "")]}
+
+
 def card(name: str, version: str, config: dict, tags: dict[str, str], lineage: dict[str, list[str]]) -> str:
     """A registered encoder's model card: what it is, its scores, where it came from, how to load it."""
     uri = f"models:/{name}/{version}"
-    keys = ("backbone", "width", "arch", "img_size", "patch_size", "depth", "corruption", "rho", "mask_ratio", "loss",
-            "epochs", "dataset")
+    keys = ("stage", "backbone", "width", "arch", "img_size", "patch_size", "depth", "corruption", "rho", "mask_ratio",
+            "loss", "epochs", "dataset", "graft_epochs", "graft_dataset", "lower_blocks", "lower_lr_ratio")
     lines = [f"# {name} v{version}", "", "## Config", ""]
     lines += [f"- {k}: {config[k]}" for k in keys if config.get(k) is not None]
     lines += ["", "## Scores", ""] + ([f"- {k}: {v}" for k, v in scores(tags).items()] or ["- none yet"])

@@ -8,11 +8,12 @@ import time
 
 from mlflow.entities.model_registry import ModelVersion
 
-from ropim.tracking.cards import card, scores
+from ropim.tracking.cards import card, first_stage, scores
 from ropim.tracking.registry import local_copy, resolve_version
 from ropim.tracking.store import client
 
-COLUMNS = ("version", "created", "run", "dataset", "corruption", "rho", "backbone", "epochs", "scores", "aliases")
+COLUMNS = ("version", "created", "run", "stage", "dataset", "corruption", "rho", "backbone", "epochs", "scores",
+           "aliases")
 
 
 def row(mv: ModelVersion, aliases: list[str]) -> dict[str, str]:
@@ -21,7 +22,8 @@ def row(mv: ModelVersion, aliases: list[str]) -> dict[str, str]:
     return {
         "version": str(mv.version),
         "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(mv.creation_timestamp / 1000)),
-        "run": (mv.run_id or "")[:8], "dataset": t.get("dataset", ""), "corruption": t.get("corruption", ""),
+        "run": (mv.run_id or "")[:8], "stage": t.get("stage", ""), "dataset": t.get("dataset", ""),
+        "corruption": t.get("corruption", ""),
         "rho": f"{float(t['rho']):.3g}" if t.get("rho") else "", "backbone": t.get("backbone", "vit" if t else ""),
         "epochs": t.get("epochs", ""), "scores": "; ".join(f"{k} {v}" for k, v in scores(t).items()) or "—",
         "aliases": ", ".join(aliases),
@@ -54,7 +56,8 @@ def list_versions(name: str, uri: str | None = None) -> str:
 
 
 def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
-    """The pretraining run, the sweep and the fine-tune runs made from a registered encoder version."""
+    """The run that trained a registered encoder version, the version it started from (a second stage), the sweep
+    and the fine-tune runs made from it."""
     c, t = client(uri), mv.tags or {}
     finetunes = []
     exp = c.get_experiment_by_name("ropim-finetune")
@@ -63,7 +66,8 @@ def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
                                                                  f"tags.`ropim.encoder_version` = '{mv.version}'")
         finetunes = [f"{r.info.run_name} ({r.info.run_id[:8]}, top-1 {r.data.metrics.get('top1', float('nan')):.2f})"
                      for r in found]
-    return {"pretraining run": [mv.run_id] if mv.run_id else [], "sweep": [t["sweep"]] if t.get("sweep") else [],
+    run = f"{t['stage']} run" if t.get("stage") else "pretraining run"
+    return {run: [mv.run_id] if mv.run_id else [], **first_stage(t), "sweep": [t["sweep"]] if t.get("sweep") else [],
             "fine-tunes": finetunes}
 
 

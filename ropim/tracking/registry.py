@@ -18,7 +18,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
 
 from ropim.errors import ConfigError
-from ropim.tracking.cards import card
+from ropim.tracking.cards import card, first_stage
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, tracking_uri
 
@@ -79,7 +79,8 @@ def describe(name: str, version: str, uri: str | None = None) -> None:
     c = client(uri)
     mv = c.get_model_version(name, version)
     tags = mv.tags or {}
-    lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else []}
+    lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else [],
+               **first_stage(tags)}
     c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
 
 
@@ -187,6 +188,11 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     local = local_copy(model_uri, kind, uri)
     weights = next(local.rglob(f"{kind}.safetensors"), None)
     cfg_file = next(local.rglob("config.json"), None)
+    other = next((p for p in local.rglob("*.safetensors") if p.name != f"{kind}.safetensors"), None)
+    if weights is None and other is not None:  # e.g. a fine-tuned classifier given where an encoder is wanted
+        a = "an" if kind[0] in "aeiou" else "a"
+        raise ConfigError(f"{kind} {model_uri}: holds a {other.stem} ({other.name}), not {a} {kind}; give {a} {kind} "
+                          f"(models:/ropim-{kind}/<version> or a folder with {kind}.safetensors + config.json)")
     if weights is None or cfg_file is None:
         raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
     from safetensors.torch import load_file  # torch only when a model is read

@@ -66,6 +66,10 @@ class LoopConfig:
         """Whether epoch ``epoch`` (1-based) is evaluated: every ``eval_every``, the final and the job's last."""
         return bool(self.eval_every) and (epoch % self.eval_every == 0 or epoch in (self.epochs, last_epoch))
 
+    def steps_per_epoch(self, available: int) -> int:
+        """Optimizer steps per epoch when the data gives ``available``: at most ``max_steps_per_epoch``."""
+        return min(available, self.max_steps_per_epoch or available)
+
     def checkpoints(self, epoch: int, last_epoch: int) -> bool:
         """Whether epoch ``epoch`` (1-based) writes a checkpoint: every ``checkpoint_every`` and the job's last."""
         return epoch == last_epoch or epoch % self.checkpoint_every == 0

@@ -168,7 +168,7 @@ class Loop:
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)
         self.data = task.data(worker, cfg.global_batch_size // (worker.world * cfg.accum_steps))
-        self.steps = min(self.data.steps, cfg.max_steps_per_epoch or self.data.steps)
+        self.steps = cfg.steps_per_epoch(self.data.steps)
         if self.steps < 1:
             raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
         self.total_steps = cfg.epochs * self.steps
