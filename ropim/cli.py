@@ -135,6 +135,7 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
     """The ``ropim`` parser with its subcommands, and the plugin commands it holds."""
     from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
     from ropim.train.config import FinetuneConfig, PretrainConfig
+    from ropim.train.segment_config import SegmentConfig
     from ropim.viz.config import VizConfig
 
     parser = parser_of(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
@@ -149,6 +150,10 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
                                               "folder) on Ray Train (num_workers=0: in this process); register it "
                                               "as ropim-classifier."),
                        help="fine-tune from an encoder URI and report top-1 / top-5")
+    sub.add_subcommand("segment", job_parser(SegmentConfig, "segment", "Semantic segmentation transfer: UperNet on an "
+                                             "encoder (the paper's ADE20K protocol), on Ray Train (num_workers=0: "
+                                             "in this process); register it as ropim-segmenter."),
+                       help="train UperNet from an encoder URI and report mIoU / pixel accuracy")
     sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
                        help="linear probe + kNN top-1 / top-5 of a frozen encoder")
     sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "

@@ -108,6 +108,18 @@ def run_finetune(ns: Namespace) -> None:
               f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
 
 
+def run_segment(ns: Namespace) -> None:
+    from ropim.train.segment_config import SegmentConfig
+
+    cfg = preflight(config(ns, SegmentConfig).resolved(), [] if ns.random_init else [ns.encoder])
+    from ropim.train.segment_job import segment
+
+    metrics = segment(cfg)
+    if "miou" in metrics:
+        print(f"mIoU {metrics['miou']:.2f}%  pixel accuracy {metrics['pixel_acc']:.2f}%  segmenter "
+              f"{metrics.get('segmenter_uri')}  (MLflow run {metrics['run_id']})")
+
+
 def run_probe(ns: Namespace) -> None:
     from ropim.flows.config import ProbeConfig
 
@@ -150,6 +162,6 @@ def run_viz(ns: Namespace) -> None:
 
 
 RUNNERS: dict[str, Callable[[Namespace], None]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "probe": run_probe, "transfer": run_transfer,
-    "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
+    "pretrain": run_pretrain, "finetune": run_finetune, "segment": run_segment, "probe": run_probe,
+    "transfer": run_transfer, "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
 }
