@@ -74,10 +74,16 @@ def source_parser(description: str) -> ArgumentParser:
     from ropim.data.config import DataConfig
 
     parser = parser_of(description=description)
-    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
+    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, Parquet shards, or (--task "
+                                              "segment) an ADE20K folder or an images/ + masks/ folder pair")
     defaults = DataConfig()
-    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet"],
+    parser.add_argument("--task", type=Literal["classify", "segment"], default="classify",
+                        help="classify: images with class labels; segment: images with label maps")
+    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet", "ade20k",
+                                                 "pairs"],
                         default=defaults.format, help="source format (default: detect)")
+    parser.add_argument("--num-classes", "--num_classes", type=int | None, default=None,
+                        help="--task segment: classes of a folder pair without classes.json")
     parser.add_argument("--on-bad-image", "--on_bad_image", type=Literal["skip", "fail"],
                         default=defaults.on_bad_image, help="undecodable images: skip (count, log) or fail")
     parser.add_argument("--val-fraction", "--val_fraction", type=float, default=defaults.val_fraction,

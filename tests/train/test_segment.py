@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file
-from support import encoder_folder, run_cli
+from support import encoder_folder, run_cli, write_ade20k
 
 from ropim.core.config import ModelConfig
 from ropim.core.upernet import build_segmenter
@@ -28,23 +27,6 @@ from ropim.train.segment_job import segment
 ENCODER = ModelConfig(img_size=32, patch_size=8, depth=2)  # the demo encoder's shape, 2 blocks
 TINY = ["--crop_size", "32", "--epochs", "1", "--batch_size", "2", "--max_steps_per_epoch", "2", "--channels", "8",
         "--aux_channels", "8", "--log_every", "1", "--viz_images", "2"]
-
-
-def write_ade20k(root: Path, n_train: int = 4, n_val: int = 2) -> Path:
-    """An ADE20K-layout folder: 40x48 JPEGs, PNG label maps with 0 (ignore) and a few of the 150 classes."""
-    rng = np.random.default_rng(0)
-    for split, n, folder in (("training", n_train, "training"), ("validation", n_val, "validation")):
-        (root / "images" / folder).mkdir(parents=True)
-        (root / "annotations" / folder).mkdir(parents=True)
-        for i in range(n):
-            name = f"ADE_{split}_{i:08d}"
-            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(root / "images" / folder /
-                                                                                    f"{name}.jpg")
-            mask = np.zeros((40, 48), np.uint8)
-            mask[:20] = 3
-            mask[20:, :24] = 150
-            Image.fromarray(mask).save(root / "annotations" / folder / f"{name}.png")
-    return root
 
 
 @pytest.fixture(scope="module")
