@@ -17,6 +17,7 @@ from ropim.checks import visible_gpus
 
 PRE = ("pretrain", "--preset", "digits_demo")
 FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
+SEG = ("segment", "--preset", "digits_seg", "--encoder", "ENC")
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 CASES = {  # id: (argv, what the one line must name)
     "rho above 1": ((*PRE, "--model.rho", "1.5"), "rho=1.5"),
@@ -80,6 +81,15 @@ CASES = {  # id: (argv, what the one line must name)
     "label smoothing above 1": ((*FT, "--label_smoothing", "1.5"), "label_smoothing=1.5"),
     "mixup negative": ((*FT, "--mixup", "-1"), "mixup=-1"),
     "erasing above 1": ((*FT, "--reprob", "2"), "reprob=2"),
+    "segment mask size differs": ((*SEG, "--data.source", "segsize"), "p1.png: mask is 5x5 but the image is 16x12"),
+    "segment label out of range": ((*SEG, "--data.source", "seglabel"), "mask holds label 7, outside the 3 classes"),
+    "segment image without mask": ((*SEG, "--data.source", "segnomask"), "extra.png has no mask in"),
+    "segment mask without image": ((*SEG, "--data.source", "segnoimage"), "orphan.png has no image in"),
+    "segment patch does not divide crop": (("segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size",
+                                            "60"), "patch size 8, which must divide the crop size (e.g. crop_size=56)"),
+    "segment from a classifier": ((*SEG[:-1], "clf"), "this is a classifier, where encoder weights are expected"),
+    "segment one image per worker": ((*SEG, "--batch_size", "2", "--num_workers", "2"),
+                                     "needs at least 2 images per worker"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
     "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
     "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
@@ -119,8 +129,39 @@ def fixtures(tmp_path_factory) -> Path:
     table = pa.table({"image": [b"x", b"y"], "label": pa.array([0, 5], pa.int64()), "path": ["a", "b"]})
     pq.write_table(table.replace_schema_metadata({b"classes": b'["a", "b", "c"]'}), work / "range" / "train-0.parquet")
     (work / "ENC").mkdir()
+    write_seg_fixtures(work)
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     return work
+
+
+def write_pairs(root: Path, n: int = 3) -> Path:
+    """A folder pair of 16x12 images and masks (labels 0..2) with three named classes."""
+    import numpy as np
+
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    (root / "classes.json").write_text('["a", "b", "c"]')
+    for i in range(n):
+        Image.new("RGB", (16, 12)).save(root / "images" / f"p{i}.png")
+        Image.fromarray(np.full((12, 16), i % 3, np.uint8)).save(root / "masks" / f"p{i}.png")
+    return root
+
+
+def write_seg_fixtures(work: Path) -> None:
+    """Segmentation sources that do not fit, a patch-8 encoder, a classifier folder."""
+    import numpy as np
+    from support import encoder_folder
+
+    from ropim.core.config import ModelConfig
+
+    Image.new("L", (5, 5)).save(write_pairs(work / "segsize") / "masks" / "p1.png")
+    Image.fromarray(np.full((12, 16), 7, np.uint8)).save(write_pairs(work / "seglabel") / "masks" / "p1.png")
+    Image.new("RGB", (16, 12)).save(write_pairs(work / "segnomask") / "images" / "extra.png")
+    Image.new("L", (16, 12)).save(write_pairs(work / "segnoimage") / "masks" / "orphan.png")
+    encoder_folder(work / "enc8", ModelConfig(img_size=32, patch_size=8, depth=1))
+    (work / "clf").mkdir()
+    (work / "clf" / "classifier.safetensors").write_bytes((work / "enc8" / "encoder.safetensors").read_bytes())
+    (work / "clf" / "config.json").write_text((work / "enc8" / "config.json").read_text())
 
 
 def written(work: Path) -> set[str]:
