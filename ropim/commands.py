@@ -125,7 +125,8 @@ def run_finetune(ns: Namespace) -> None:
 def run_segment(ns: Namespace) -> None:
     from ropim.train.segment_config import SegmentConfig
 
-    cfg = preflight(config(ns, SegmentConfig).resolved(), [] if ns.random_init else [ns.encoder])
+    cfg = config(ns, SegmentConfig).resolved()
+    preflight(cfg, [cfg.encoder])  # random init too: the encoder gives the architecture
     from ropim.train.segment_job import segment
 
     metrics = segment(cfg)
