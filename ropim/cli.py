@@ -74,10 +74,16 @@ def source_parser(description: str) -> ArgumentParser:
     from ropim.data.config import DataConfig
 
     parser = parser_of(description=description)
-    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, or Parquet shards")
+    parser.add_argument("src", type=str, help="'digits', an ImageFolder / CIFAR folder, Parquet shards, or (--task "
+                                              "segment) an ADE20K folder or an images/ + masks/ folder pair")
     defaults = DataConfig()
-    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet"],
+    parser.add_argument("--task", type=Literal["classify", "segment"], default="classify",
+                        help="classify: images with class labels; segment: images with label maps")
+    parser.add_argument("--format", type=Literal["auto", "digits", "imagefolder", "cifar", "parquet", "ade20k",
+                                                 "pairs"],
                         default=defaults.format, help="source format (default: detect)")
+    parser.add_argument("--num-classes", "--num_classes", type=int | None, default=None,
+                        help="--task segment: classes of a folder pair without classes.json")
     parser.add_argument("--on-bad-image", "--on_bad_image", type=Literal["skip", "fail"],
                         default=defaults.on_bad_image, help="undecodable images: skip (count, log) or fail")
     parser.add_argument("--val-fraction", "--val_fraction", type=float, default=defaults.val_fraction,
@@ -136,6 +142,7 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
     from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
     from ropim.train.config import FinetuneConfig, PretrainConfig
     from ropim.train.graft_config import GraftConfig
+    from ropim.train.segment_config import SegmentConfig
     from ropim.viz.config import VizConfig
 
     parser = parser_of(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
@@ -156,6 +163,10 @@ def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
                                            "Pre-training), on Ray Train; register the result as a new encoder "
                                            "version tagged stage=lgp."),
                        help="graft MoCo v3 onto an encoder (LGP-ROPIM) and register it")
+    sub.add_subcommand("segment", job_parser(SegmentConfig, "segment", "Semantic segmentation transfer: UperNet on an "
+                                             "encoder (the paper's ADE20K protocol), on Ray Train (num_workers=0: "
+                                             "in this process); register it as ropim-segmenter."),
+                       help="train UperNet from an encoder URI and report mIoU / pixel accuracy")
     sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
                        help="linear probe + kNN top-1 / top-5 of a frozen encoder")
     sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "

@@ -34,13 +34,27 @@ def run_data(ns: Namespace) -> None:
     args = ns[ns.action]
     cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
                      split_seed=args.split_seed, on_bad_image=args.on_bad_image)
+    if args.task == "segment":
+        from ropim.data.seg_config import SegDataConfig
+
+        cfg = SegDataConfig(**vars(cfg), num_classes=args.num_classes)
     if ns.action == "convert":
-        from ropim.data.convert import convert
+        if args.task == "segment":
+            from ropim.data.seg_convert import convert_segments as convert
+        else:
+            from ropim.data.convert import convert
 
         rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
         images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
         print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
               f"bad images skipped {rep.bad_images}")
+    elif args.task == "segment":
+        from ropim.data.seg_sources import check_seg_source, open_seg_source
+
+        src = check_seg_source(cfg.validate()) or open_seg_source(cfg)
+        pairs = "  ".join(f"{s} {len(p):,}" for s, p in src.splits.items())
+        print(f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
+              f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})")
     else:
         from ropim.data.inspect import format_summary, inspect_source
 
@@ -121,6 +135,19 @@ def run_graft(ns: Namespace) -> None:
     print(result.encoder_uri or f"unfinished: re-run with --run_name {result.run_name}")
 
 
+def run_segment(ns: Namespace) -> None:
+    from ropim.train.segment_config import SegmentConfig
+
+    cfg = config(ns, SegmentConfig).resolved()
+    preflight(cfg, [cfg.encoder])  # random init too: the encoder gives the architecture
+    from ropim.train.segment_job import segment
+
+    metrics = segment(cfg)
+    if "miou" in metrics:
+        print(f"mIoU {metrics['miou']:.2f}%  pixel accuracy {metrics['pixel_acc']:.2f}%  segmenter "
+              f"{metrics.get('segmenter_uri')}  (MLflow run {metrics['run_id']})")
+
+
 def run_probe(ns: Namespace) -> None:
     from ropim.flows.config import ProbeConfig
 
@@ -163,6 +190,6 @@ def run_viz(ns: Namespace) -> None:
 
 
 RUNNERS: dict[str, Callable[[Namespace], None]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "graft": run_graft, "probe": run_probe,
+    "pretrain": run_pretrain, "finetune": run_finetune, "graft": run_graft, "segment": run_segment, "probe": run_probe,
     "transfer": run_transfer, "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
 }

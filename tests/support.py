@@ -87,3 +87,23 @@ def make_model(base: ModelConfig, **changes):
 
     torch.manual_seed(0)
     return ROPIM(dataclasses.replace(base, **changes)).eval()
+
+
+def write_ade20k(root: Path, n_train: int = 4, n_val: int = 2) -> Path:
+    """An ADE20K-layout folder: 40x48 JPEGs, PNG label maps with 0 (ignore) and a few of the 150 classes."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n, folder in (("training", n_train, "training"), ("validation", n_val, "validation")):
+        (root / "images" / folder).mkdir(parents=True)
+        (root / "annotations" / folder).mkdir(parents=True)
+        for i in range(n):
+            name = f"ADE_{split}_{i:08d}"
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(root / "images" / folder /
+                                                                                    f"{name}.jpg")
+            mask = np.zeros((40, 48), np.uint8)
+            mask[:20] = 3
+            mask[20:, :24] = 150
+            Image.fromarray(mask).save(root / "annotations" / folder / f"{name}.png")
+    return root

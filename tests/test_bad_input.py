@@ -18,6 +18,7 @@ from ropim.checks import visible_gpus
 PRE = ("pretrain", "--preset", "digits_demo")
 FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
 GR = ("graft", "--preset", "digits_demo", "--encoder", "GENC")  # GENC: a real encoder of one block
+SEG = ("segment", "--preset", "digits_seg", "--encoder", "ENC")
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 CASES = {  # id: (argv, what the one line must name)
     "rho above 1": ((*PRE, "--model.rho", "1.5"), "rho=1.5"),
@@ -82,7 +83,7 @@ CASES = {  # id: (argv, what the one line must name)
     "mixup negative": ((*FT, "--mixup", "-1"), "mixup=-1"),
     "erasing above 1": ((*FT, "--reprob", "2"), "reprob=2"),
     "graft from a classifier": (("graft", "--preset", "digits_demo", "--encoder", "CLF"),
-                                "holds a classifier (classifier.safetensors), not an encoder"),
+                                "this is a classifier, where encoder weights are expected"),
     "graft split beyond the depth": ((*GR, "--lower_blocks", "3"), "lower_blocks=3: the encoder"),
     "graft lr ratio above 1": ((*GR, "--lower_lr_ratio", "1.5"), "lower_lr_ratio=1.5"),
     "graft lr ratio zero": ((*GR, "--lower_lr_ratio", "0"), "lower_lr_ratio=0"),
@@ -90,6 +91,15 @@ CASES = {  # id: (argv, what the one line must name)
     "graft momentum negative": ((*GR, "--momentum", "-0.5"), "momentum=-0.5"),
     "graft batch too small for the loss": ((*GR, "--global_batch_size", "2"),
                                            "global_batch_size=2: 1 image per worker micro batch"),
+    "segment mask size differs": ((*SEG, "--data.source", "segsize"), "p1.png: mask is 5x5 but the image is 16x12"),
+    "segment label out of range": ((*SEG, "--data.source", "seglabel"), "mask holds label 7, outside the 3 classes"),
+    "segment image without mask": ((*SEG, "--data.source", "segnomask"), "extra.png has no mask in"),
+    "segment mask without image": ((*SEG, "--data.source", "segnoimage"), "orphan.png has no image in"),
+    "segment patch does not divide crop": (("segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size",
+                                            "60"), "patch size 8, which must divide the crop size (e.g. crop_size=56)"),
+    "segment from a classifier": ((*SEG[:-1], "clf"), "this is a classifier, where encoder weights are expected"),
+    "segment one image per worker": ((*SEG, "--batch_size", "2", "--num_workers", "2"),
+                                     "needs at least 2 images per worker"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
     "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
     "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
@@ -133,8 +143,39 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "CLF").mkdir()  # a fine-tuned classifier's folder: classifier weights + config
     (work / "CLF" / "classifier.safetensors").write_bytes(b"")
     (work / "CLF" / "config.json").write_text('{"arch": "vit_tiny_patch16_224", "num_classes": 10}')
+    write_seg_fixtures(work)
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     return work
+
+
+def write_pairs(root: Path, n: int = 3) -> Path:
+    """A folder pair of 16x12 images and masks (labels 0..2) with three named classes."""
+    import numpy as np
+
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    (root / "classes.json").write_text('["a", "b", "c"]')
+    for i in range(n):
+        Image.new("RGB", (16, 12)).save(root / "images" / f"p{i}.png")
+        Image.fromarray(np.full((12, 16), i % 3, np.uint8)).save(root / "masks" / f"p{i}.png")
+    return root
+
+
+def write_seg_fixtures(work: Path) -> None:
+    """Segmentation sources that do not fit, a patch-8 encoder, a classifier folder."""
+    import numpy as np
+    from support import encoder_folder
+
+    from ropim.core.config import ModelConfig
+
+    Image.new("L", (5, 5)).save(write_pairs(work / "segsize") / "masks" / "p1.png")
+    Image.fromarray(np.full((12, 16), 7, np.uint8)).save(write_pairs(work / "seglabel") / "masks" / "p1.png")
+    Image.new("RGB", (16, 12)).save(write_pairs(work / "segnomask") / "images" / "extra.png")
+    Image.new("L", (16, 12)).save(write_pairs(work / "segnoimage") / "masks" / "orphan.png")
+    encoder_folder(work / "enc8", ModelConfig(img_size=32, patch_size=8, depth=1))
+    (work / "clf").mkdir()
+    (work / "clf" / "classifier.safetensors").write_bytes((work / "enc8" / "encoder.safetensors").read_bytes())
+    (work / "clf" / "config.json").write_text((work / "enc8" / "config.json").read_text())
 
 
 def written(work: Path) -> set[str]:

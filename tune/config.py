@@ -26,7 +26,10 @@ SCHEDULERS = ("none", "asha")
 # metric -> mode. knn_top1 / linear_top1: reported by rank 0 on eval epochs (PretrainConfig.eval_every; linear_top1
 # turns on eval_linear_probe). finetune_top1 (the paper's ablation protocol): after its last epoch each trial
 # fine-tunes its encoder (``finetune``: the recipe and budget) on the train split and reports val top-1.
-METRICS = {"knn_top1": "max", "linear_top1": "max", "finetune_top1": "max"}
+# segment_miou (the paper's Table 3 transfer): after its last epoch each trial trains UperNet on its encoder
+# (``segment``: the recipe, budget and segmentation data) and reports val mIoU.
+METRICS = {"knn_top1": "max", "linear_top1": "max", "finetune_top1": "max", "segment_miou": "max"}
+ONCE = ("finetune_top1", "segment_miou")  # measured once, after a trial's last epoch
 # FinetuneConfig fields a trial's fine-tune takes from the trial itself, not from the sweep's ``finetune``
 FINETUNE_FROM_TRIAL = ("encoder", "random_init", "data", "num_workers", "use_gpu", "cpus_per_worker", "seed",
                        "experiment", "run_name", "storage_path", "registered_model", "wait_for_resources")
@@ -53,6 +56,8 @@ class SweepConfig:
     pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
     finetune: dict = field(default_factory=dict)  # metric finetune_top1: FinetuneConfig fields of every trial's
     # fine-tune (those of FINETUNE_FROM_TRIAL come from the trial)
+    segment: dict = field(default_factory=dict)  # metric segment_miou: SegmentConfig fields of every trial's
+    # segmentation (its own data; workers, seed and the encoder come from the trial)
 
     @property
     def mode(self) -> str:
@@ -78,8 +83,8 @@ class SweepConfig:
         check_fields(self, {"num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
                             "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
         check_run_name(self.name, "name")
-        if self.metric == "finetune_top1" and self.scheduler == "asha":
-            raise ConfigError("metric=finetune_top1 is measured once, after a trial's last epoch: ASHA has no "
+        if self.metric in ONCE and self.scheduler == "asha":
+            raise ConfigError(f"metric={self.metric} is measured once, after a trial's last epoch: ASHA has no "
                               "intermediate values to stop on; use --scheduler none")
         check_location(self.storage_path, "storage_path")
         if self.pretrain.get("num_workers", 1) < 1:
@@ -99,6 +104,13 @@ class SweepConfig:
         recipe and budget, on the trial's data, workers and seed; nothing registered."""
         return {**{k: v for k, v in self.finetune.items() if k not in FINETUNE_FROM_TRIAL},
                 "data": pretrain["data"], "seed": pretrain["seed"], "registered_model": "",
+                **{k: pretrain[k] for k in ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")}}
+
+
+    def trial_segment(self, pretrain: dict) -> dict:
+        """The SegmentConfig fields of a trial's segmentation: the sweep's recipe, budget and segmentation data, on the
+        trial's workers and seed; nothing registered (the encoder is the trial's, set by the trial)."""
+        return {**self.segment, "seed": pretrain["seed"], "registered_model": "", "run_name": None,
                 **{k: pretrain[k] for k in ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")}}
 
 
@@ -141,6 +153,11 @@ def prepare(cfg: SweepConfig) -> SweepConfig:
     batches = {"global_batch_size": base.global_batch_size}
     if cfg.metric == "finetune_top1":
         batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
+    if cfg.metric == "segment_miou":  # its data resolved here: trials run in other folders
+        from ropim.train.segment_config import SegmentConfig
+
+        seg = SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().validate()
+        cfg = dataclasses.replace(cfg, segment={**cfg.segment, "data": asdict(seg.data)})
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
     check_batch_fits(base.data, batches)

@@ -99,7 +99,7 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
                                                             p["cpus_per_worker"], p["use_gpu"])
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
            "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
-           "metric": cfg.metric, "finetune": cfg.trial_finetune(p)}
+           "metric": cfg.metric, "finetune": cfg.trial_finetune(p), "segment": cfg.trial_segment(p)}
     if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
     try:

@@ -15,7 +15,7 @@ COLUMNS = ("trial", "rho", "base_lr", "epochs", "seed")
 TAIL = ("epochs_run", "status", "mlflow_run")
 
 
-SCORES = ("knn_top1", "linear_top1", "finetune_top1")
+SCORES = ("knn_top1", "linear_top1", "finetune_top1", "segment_miou")
 
 
 def scores(rows: list[dict], metric: str) -> list[str]:

@@ -23,6 +23,7 @@ from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_preset
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
 from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.segment_config import SegmentConfig
 from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig, prepare
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
@@ -73,6 +74,9 @@ def parser() -> ArgumentParser:
     p.add_class_arguments(FinetuneConfig, nested_key="finetune",
                           help="--metric finetune_top1: each trial's fine-tune recipe and budget (--finetune FILE, "
                                f"--finetune.epochs N, …); {', '.join(FINETUNE_FROM_TRIAL)} are the trial's")
+    p.add_class_arguments(SegmentConfig, nested_key="segment",
+                          help="--metric segment_miou: each trial's segmentation recipe, budget and data (--segment "
+                               "FILE, --segment.data.source PATH, …); workers, seed and encoder are the trial's")
     return p
 
 
@@ -91,10 +95,11 @@ def config_from_namespace(ns: Namespace) -> SweepConfig:
     pretrain_names = {f.name for f in fields(PretrainConfig)}
     pretrain = PretrainConfig(**{k: v for k, v in ns.items() if k in pretrain_names})
     sweep = {f.name: ns[f.name] for f in fields(SweepConfig)
-             if f.name not in ("pretrain", "space", "finetune") and f.name in ns}
+             if f.name not in ("pretrain", "space", "finetune", "segment") and f.name in ns}
     finetune = {k: v for k, v in asdict(ns.finetune).items() if k not in FINETUNE_FROM_TRIAL}
+    segment = {k: v for k, v in asdict(ns.segment).items() if k not in ("encoder", "random_init")}
     return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict(),
-                       finetune=finetune)
+                       finetune=finetune, segment=segment)
 
 
 def config_from_args(argv: list[str]) -> SweepConfig:

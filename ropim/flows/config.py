@@ -11,6 +11,7 @@ from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.segment_config import SegmentConfig
 
 MODES = ("finetune", "probe")
 
@@ -60,6 +61,8 @@ class TransferConfig:
     mode: str = "finetune"  # finetune | probe
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    segment_data: str = ""  # comma-separated segmentation sources: an mIoU column each, beside the classification
+    segment: SegmentConfig = field(default_factory=SegmentConfig)  # what every segmentation cell shares
     out: str = "transfer_results"
 
     @property
@@ -69,6 +72,16 @@ class TransferConfig:
     @property
     def data_list(self) -> list[str]:
         return [d.strip() for d in self.data.split(",") if d.strip()]
+
+    @property
+    def segment_list(self) -> list[str]:
+        return [d.strip() for d in self.segment_data.split(",") if d.strip()]
+
+    def segment_cells(self) -> list[tuple[str, str, SegmentConfig]]:
+        """(encoder, segmentation source, config) of every segmentation cell, encoders outer; paths resolved."""
+        return [(e, d, dataclasses.replace(self.segment, encoder=e, run_name=None,
+                                           data=dataclasses.replace(self.segment.data, source=d)).resolved())
+                for e in self.encoder_list for d in self.segment_list]
 
     def cells(self) -> list[tuple[str, str, FinetuneConfig | ProbeConfig]]:
         """(encoder, data source, config) of every cell, encoders outer."""
@@ -83,15 +96,18 @@ class TransferConfig:
             raise ConfigError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
         if not self.encoder_list:
             raise ConfigError("encoders is empty: give --encoders URI1,URI2,…")
-        if not self.data_list:
-            raise ConfigError("data is empty: give --data SOURCE1,SOURCE2,… (e.g. digits or folders)")
-        for _, _, cfg in self.cells():
+        if not self.data_list and not self.segment_list:
+            raise ConfigError("data is empty: give --data SOURCE1,SOURCE2,… (e.g. digits or folders) and/or "
+                              "--segment_data SOURCE1,… (segmentation sources)")
+        for _, _, cfg in [*self.cells(), *self.segment_cells()]:
             cfg.validate()
         return self
 
     def check_resources(self) -> None:
         """The cells' workers fit where they will run."""
         (self.finetune if self.mode == "finetune" else self.probe).check_resources()
+        if self.segment_list:
+            self.segment.check_resources()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Transfer tables: the same fine-tune (or probe) of every encoder on every data set, side by side, like the
-paper's transfer tables (Flowers102 / CUB-200 / CIFAR-10 / CIFAR-100). Each cell is its own MLflow run (tagged
-with the encoder version, which also gets its ``downstream.<dataset>.…`` tag); the table is printed and saved
-as ``transfer.csv``, ``transfer.md`` and ``transfer.json`` in ``out``.
+paper's transfer tables (Flowers102 / CUB-200 / CIFAR-10 / CIFAR-100), and the same segmentation of every encoder on
+every ``segment_data`` source (an mIoU column each, as the paper's Table 3 beside them). Each cell is its own MLflow
+run (tagged with the encoder version, which also gets its ``downstream.<dataset>.…`` tag); the table is printed and
+saved as ``transfer.csv``, ``transfer.md`` and ``transfer.json`` in ``out``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import dataset_name, eval_split
 from ropim.train.finetune import finetune
 from ropim.train.runtime import ray_session
+from ropim.train.segment_job import check_encoder, segment
 
 
 def preflight(cfg: TransferConfig) -> None:
@@ -28,11 +30,33 @@ def preflight(cfg: TransferConfig) -> None:
     tracking = tracking_uri()
     check_tracking(tracking)
     template = cfg.finetune if cfg.mode == "finetune" else cfg.probe
-    for encoder in cfg.encoder_list:
-        ref, _ = resolve_encoder(encoder, tracking)
+    refs = {encoder: resolve_encoder(encoder, tracking)[0] for encoder in cfg.encoder_list}
+    for ref in refs.values():
         for source in cfg.data_list:
             data = dataclasses.replace(template.data, source=source).resolved()
             eval_split(ref, data, template.img_size or ref.config["img_size"])
+    for encoder, _, cell in cfg.segment_cells():
+        check_encoder(refs[encoder], cell)  # the patch size divides the crop
+
+
+def encoder_label(run_id: str, encoder: str) -> str:
+    """``name vN`` of the encoder a cell's run started from, else its URI."""
+    tags = store.client().get_run(run_id).data.tags
+    return f"{tags['ropim.encoder_name']} v{tags['ropim.encoder_version']}" if "ropim.encoder_version" in tags \
+        else encoder
+
+
+def segment_rows(cfg: TransferConfig) -> list[dict]:
+    """Every segmentation cell: mIoU and pixel accuracy on its val split."""
+    rows = []
+    for encoder, source, cell in cfg.segment_cells():
+        t0 = time.perf_counter()
+        res = segment(cell)
+        rows.append({"encoder": encoder, "encoder_label": encoder_label(res["run_id"], encoder), "data": source,
+                     "dataset": dataset_name(cell.data), "task": "segment", "miou": res["miou"],
+                     "pixel_acc": res["pixel_acc"], "run_id": res["run_id"],
+                     "seconds": round(time.perf_counter() - t0, 1)})
+    return rows
 
 
 def _table(rows: list[dict], encoders: list[str], datasets: list[str], metric: str) -> list[list[str]]:
@@ -58,28 +82,35 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
     cfg.validate()
     preflight(cfg)
     rows = []
-    with ray_session(needed=cfg.mode == "finetune" and cfg.finetune.num_workers > 0):  # one for every cell
+    ray = (cfg.mode == "finetune" and cfg.finetune.num_workers > 0) or (cfg.segment_list and cfg.segment.num_workers)
+    with ray_session(needed=bool(ray)):  # one for every cell
         for encoder, source, cell in cfg.cells():
             t0 = time.perf_counter()
             res = finetune(cell) if cfg.mode == "finetune" else probe(cell)
-            tags = store.client().get_run(res["run_id"]).data.tags
-            label = (f"{tags['ropim.encoder_name']} v{tags['ropim.encoder_version']}"
-                     if "ropim.encoder_version" in tags else encoder)
+            label = encoder_label(res["run_id"], encoder)
             row = {"encoder": encoder, "encoder_label": label, "data": source, "dataset": dataset_name(cell.data),
                    "top1": res["top1"], "top5": res["top5"], "run_id": res["run_id"],
                    "seconds": round(time.perf_counter() - t0, 1)}
             if cfg.mode == "probe":
                 row |= {"knn_top1": res["knn"]["top1"], "knn_top5": res["knn"]["top5"]}
             rows.append(row)
+        seg_rows = segment_rows(cfg)
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    metric = "fine-tune top-1 (%)" if cfg.mode == "finetune" else "linear-probe top-1 (%)"
-    header = ["encoder", *datasets, "mean"]
-    body = _table(rows, cfg.encoder_list, datasets, "top1")
+    seg_sets = list(dict.fromkeys(r["dataset"] for r in seg_rows))
+    top1 = "fine-tune top-1 (%)" if cfg.mode == "finetune" else "linear-probe top-1 (%)"
+    metric = " and ".join(m for m, shown in ((top1, datasets), ("segmentation mIoU (%)", seg_sets)) if shown)
+    header = ["encoder", *([*datasets, "mean"] if datasets else []), *[f"{d} mIoU" for d in seg_sets]]
+    n = len(cfg.encoder_list)
+    cls_body = _table(rows, cfg.encoder_list, datasets, "top1") if datasets else [None] * n
+    seg_body = _table(seg_rows, cfg.encoder_list, seg_sets, "miou") if seg_sets else [None] * n
+    body = [[(c or s)[0], *(c[1:] if c else []), *(s[1:-1] if s else [])]  # segmentation: no mean column
+            for c, s in zip(cls_body, seg_body, strict=True)]
+    rows += seg_rows
     md = f"{metric}, val split\n\n" + format_markdown(header, body)
-    if cfg.mode == "probe":
-        md += f"\nkNN (k={cfg.probe.knn_k}) top-1 (%)\n\n" + format_markdown(header, _table(rows, cfg.encoder_list,
-                                                                                         datasets, "knn_top1"))
+    if cfg.mode == "probe" and datasets:
+        md += f"\nkNN (k={cfg.probe.knn_k}) top-1 (%)\n\n" + format_markdown(
+            ["encoder", *datasets, "mean"], _table(rows, cfg.encoder_list, datasets, "knn_top1"))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "transfer.csv", "md": out / "transfer.md", "json": out / "transfer.json"}

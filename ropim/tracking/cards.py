@@ -12,9 +12,12 @@ def scores(tags: dict[str, str]) -> dict[str, str]:
     for k, v in sorted(tags.items()):
         if k.startswith("downstream."):
             _, dataset, metric = k.split(".", 2)
-            protocol = {"top1": "fine-tune top-1", "linear_top1": "linear-probe top-1",
-                        "knn_top1": "kNN top-1"}.get(metric, metric)
+            protocol = {"top1": "fine-tune top-1", "linear_top1": "linear-probe top-1", "knn_top1": "kNN top-1",
+                        "miou": "segmentation mIoU"}.get(metric, metric)
             out[f"{protocol} on {dataset}"] = v
+    for k, label in (("miou", "mIoU"), ("pixel_acc", "pixel accuracy")):  # a segmenter's own scores
+        if k in tags:
+            out[f"{label} on {tags.get('dataset', '?')}"] = f"{float(tags[k]):.2f}"
     return out
 
 
@@ -27,19 +30,27 @@ def first_stage(tags: dict[str, str]) -> dict[str, list[str]]:
     return {"first stage": [tags["source_encoder"] + (f" (run {run})" if run else "")]}
 
 
+LOADERS = {  # kind tag -> (ropim loader, what the pyfunc predicts)
+    "segmenter": ("from ropim.tracking.segmenters import load_segmenter", "load_segmenter", "segmenter",
+                  "logits = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # (B, K, H, W), without ropim"),
+}
+ENCODER_LOADER = ("from ropim.tracking.registry import load_encoder", "load_encoder", "encoder",
+                  "features = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # without ropim (torch, timm)")
+
+
 def card(name: str, version: str, config: dict, tags: dict[str, str], lineage: dict[str, list[str]]) -> str:
-    """A registered encoder's model card: what it is, its scores, where it came from, how to load it."""
+    """A registered model's card: what it is, its scores, where it came from, how to load it (an encoder, or by its
+    ``kind`` tag a segmenter)."""
     uri = f"models:/{name}/{version}"
     keys = ("stage", "backbone", "width", "arch", "img_size", "patch_size", "depth", "corruption", "rho", "mask_ratio",
-            "loss", "epochs", "dataset", "graft_epochs", "graft_dataset", "lower_blocks", "lower_lr_ratio")
+            "loss", "epochs", "dataset", "graft_epochs", "graft_dataset", "lower_blocks", "lower_lr_ratio", "crop_size",
+            "num_classes", "channels", "encoder_uri")
     lines = [f"# {name} v{version}", "", "## Config", ""]
     lines += [f"- {k}: {config[k]}" for k in keys if config.get(k) is not None]
     lines += ["", "## Scores", ""] + ([f"- {k}: {v}" for k, v in scores(tags).items()] or ["- none yet"])
     lines += ["", "## Lineage", ""] + [f"- {k}: {', '.join(v) if v else '—'}" for k, v in lineage.items()]
-    lines += ["", "## Load", "", "```python",
-              "from ropim.tracking.registry import load_encoder",
-              f'encoder, config = load_encoder("{uri}")  # a plain timm model, with ropim',
-              "import mlflow",
-              f'features = mlflow.pyfunc.load_model("{uri}").predict(images)  # without ropim (torch, timm)',
-              "```"]
+    imports, loader, what, pyfunc = LOADERS.get(str(tags.get("kind")), ENCODER_LOADER)
+    lines += ["", "## Load", "", "```python", imports,
+              f'{what}, config = {loader}("{uri}")  # with ropim',
+              "import mlflow", pyfunc.format(uri=uri), "```"]
     return "\n".join(lines)

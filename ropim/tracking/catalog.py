@@ -55,20 +55,29 @@ def list_versions(name: str, uri: str | None = None) -> str:
     return table([row(v, aliases.get(str(v.version), [])) for v in versions])
 
 
+def runs_from(mv: ModelVersion, experiment: str, metric: str, label: str, uri: str | None = None) -> list[str]:
+    """The runs of ``experiment`` that started from registered version ``mv``, with their ``metric``."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    found = c.search_runs([exp.experiment_id], filter_string=f"tags.`ropim.encoder_name` = '{mv.name}' and "
+                                                             f"tags.`ropim.encoder_version` = '{mv.version}'")
+    return [f"{r.info.run_name} ({r.info.run_id[:8]}, {label} {r.data.metrics.get(metric, float('nan')):.2f})"
+            for r in found]
+
+
 def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
-    """The run that trained a registered encoder version, the version it started from (a second stage), the sweep
-    and the fine-tune runs made from it."""
-    c, t = client(uri), mv.tags or {}
-    finetunes = []
-    exp = c.get_experiment_by_name("ropim-finetune")
-    if exp is not None:
-        found = c.search_runs([exp.experiment_id], filter_string=f"tags.`ropim.encoder_name` = '{mv.name}' and "
-                                                                 f"tags.`ropim.encoder_version` = '{mv.version}'")
-        finetunes = [f"{r.info.run_name} ({r.info.run_id[:8]}, top-1 {r.data.metrics.get('top1', float('nan')):.2f})"
-                     for r in found]
+    """A registered encoder version: the run that trained it, the version it started from (a second stage), the
+    sweep, and the fine-tunes and segmentations made from it; a segmenter version: its run and the encoder it started
+    from."""
+    t = mv.tags or {}
+    if t.get("kind") == "segmenter":
+        return {"segmentation run": [mv.run_id] if mv.run_id else [], "encoder": [t.get("encoder_uri", "?")]}
     run = f"{t['stage']} run" if t.get("stage") else "pretraining run"
     return {run: [mv.run_id] if mv.run_id else [], **first_stage(t), "sweep": [t["sweep"]] if t.get("sweep") else [],
-            "fine-tunes": finetunes}
+            "fine-tunes": runs_from(mv, "ropim-finetune", "top1", "top-1", uri),
+            "segmentations": runs_from(mv, "ropim-segment", "miou", "mIoU", uri)}
 
 
 def show(model_uri: str, uri: str | None = None) -> str:

@@ -5,6 +5,7 @@ import time
 
 DEFAULT_ENCODER_NAME = "ropim-encoder"
 DEFAULT_CLASSIFIER_NAME = "ropim-classifier"
+DEFAULT_SEGMENTER_NAME = "ropim-segmenter"
 CHAMPION = "champion"
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
 CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
 ENCODER_REQUIREMENTS = ["torch", "timm", "safetensors", "numpy"]
+MODEL_KINDS = ("encoder", "classifier", "segmenter")
 
 
 def register_model(
@@ -39,12 +40,15 @@ def register_model(
     *,
     kind: str = "encoder",
     code: Path = ENCODER_CODE,
+    code_paths: tuple[Path, ...] = (),
+    requirements: tuple[str, ...] = tuple(ENCODER_REQUIREMENTS),
 ) -> str:
     """Log a timm model (``<kind>.safetensors`` + ``config.json``) as a models-from-code pyfunc on ``run_id``,
     register a new version of ``name``; return its ``models:/name/version`` URI.
 
     ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
-    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only).
+    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only). ``code_paths``: Python files
+    shipped with the model (importable by ``code`` when it loads), ``requirements``: its pip requirements.
     """
     c = client(uri)
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +62,8 @@ def register_model(
                 name=kind,
                 python_model=str(code),
                 artifacts={"weights": str(weights), "config": str(cfg_file)},
-                pip_requirements=ENCODER_REQUIREMENTS,
+                pip_requirements=list(requirements),
+                code_paths=[str(p) for p in code_paths] or None,
                 registered_model_name=name,
                 signature=signature(config),
                 input_example=input_example(config),
@@ -81,16 +86,20 @@ def describe(name: str, version: str, uri: str | None = None) -> None:
     tags = mv.tags or {}
     lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else [],
                **first_stage(tags)}
+    if tags.get("encoder_uri"):  # a classifier's or segmenter's encoder
+        lineage["encoder"] = [tags["encoder_uri"]]
     c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
 
 
 def signature(config: dict) -> ModelSignature:
-    """The pyfunc's signature: normalized float32 images (B, C, H, W) in, features or logits (B, K) out."""
+    """The pyfunc's signature: normalized float32 images (B, C, H, W) in, features or logits (B, K) out (a segmenter:
+    logits (B, K, H, W))."""
     kwargs = config["timm_kwargs"]
     size, chans = kwargs.get("img_size", config.get("img_size")), kwargs.get("in_chans", 3)
     width = config.get("num_classes") or config.get("embed_dim") or -1
+    out = (-1, width, size, size) if config.get("kind") == "segmenter" else (-1, width)
     return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, chans, size, size))]),
-                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, width))]))
+                          outputs=Schema([TensorSpec(np.dtype(np.float32), out)]))
 
 
 def input_example(config: dict) -> np.ndarray:
@@ -188,12 +197,12 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     local = local_copy(model_uri, kind, uri)
     weights = next(local.rglob(f"{kind}.safetensors"), None)
     cfg_file = next(local.rglob("config.json"), None)
-    other = next((p for p in local.rglob("*.safetensors") if p.name != f"{kind}.safetensors"), None)
-    if weights is None and other is not None:  # e.g. a fine-tuned classifier given where an encoder is wanted
-        a = "an" if kind[0] in "aeiou" else "a"
-        raise ConfigError(f"{kind} {model_uri}: holds a {other.stem} ({other.name}), not {a} {kind}; give {a} {kind} "
-                          f"(models:/ropim-{kind}/<version> or a folder with {kind}.safetensors + config.json)")
     if weights is None or cfg_file is None:
+        other = next((k for k in MODEL_KINDS if k != kind and next(local.rglob(f"{k}.safetensors"), None)), None)
+        if other is not None:
+            raise ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the "
+                              f"{kind} (models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with "
+                              f"{kind}.safetensors)")
         raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
     from safetensors.torch import load_file  # torch only when a model is read
 

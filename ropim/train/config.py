@@ -57,6 +57,7 @@ class LoopConfig:
     channels_last: bool = False
     tf32: bool = False
     async_checkpoint: bool = False  # Ray Train: checkpoints upload while the next epoch trains (SpeedOptions)
+    schedule: str = "cosine"  # after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""

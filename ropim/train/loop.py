@@ -2,8 +2,8 @@
 loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a ``Worker`` (Ray Train or in-process):
 
     restore the latest checkpoint → for each epoch: seed (seed, epoch, rank) → optimizer steps of
-    ``accum_steps`` micro batches (autocast bf16/fp16 + grad scaler, clipping, timm's cosine schedule per step,
-    a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
+    ``accum_steps`` micro batches (autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly (power 1)
+    schedule per step, a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
     rank 0's epoch hook → checkpoint when due → report.
 
 Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from timm.scheduler import CosineLRScheduler
+from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
 from ropim.train.checkpoint import load_checkpoint, save_checkpoint
 from ropim.train.config import LoopConfig
@@ -172,9 +172,10 @@ class Loop:
         if self.steps < 1:
             raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
         self.total_steps = cfg.epochs * self.steps
-        self.scheduler = CosineLRScheduler(self.optimizer, t_initial=self.total_steps, lr_min=cfg.min_lr,
-                                           warmup_t=round(cfg.warmup_epochs * self.steps),
-                                           warmup_lr_init=cfg.min_lr, t_in_epochs=False)
+        schedule, shape = {"cosine": (CosineLRScheduler, {}), "poly": (PolyLRScheduler, {"power": 1.0})}[cfg.schedule]
+        self.scheduler = schedule(self.optimizer, t_initial=self.total_steps, lr_min=cfg.min_lr,
+                                  warmup_t=round(cfg.warmup_epochs * self.steps), warmup_lr_init=cfg.min_lr,
+                                  t_in_epochs=False, **shape)  # timm's, stepped per optimizer step
         self.scheduler.step_update(self.step)
         self.amp_dtype = autocast_dtype(self.precision)
         self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, self.precision)

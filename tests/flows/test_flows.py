@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 from support import encoder_folder, register_tiny_encoder
 
+from ropim.data.seg_config import SegDataConfig
+from ropim.errors import ConfigError
 from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe
 from ropim.flows.transfer import transfer
 from ropim.tracking import store
+from ropim.train.segment_config import SegmentConfig
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +59,20 @@ def test_transfer_table_over_encoders(workdir, encoder):
     assert len(c.search_runs([c.get_experiment_by_name("ropim-probe").experiment_id])) == n_runs
 
 
+
+
+def test_transfer_puts_segmentation_beside_classification(workdir, encoder):
+    uri, _ = encoder
+    seg = SegmentConfig(data=SegDataConfig(canvases=20, canvas_size=32), crop_size=32, epochs=1, batch_size=2,
+                        max_steps_per_epoch=1, channels=8, aux_channels=8, num_workers=0, viz_images=0,
+                        registered_model="")
+    out = workdir / "transfer-seg"
+    res = transfer(TransferConfig(encoders=uri, data="digits", mode="probe", probe=ProbeConfig(linear_max_iter=50),
+                                  segment_data="digits", segment=seg, out=str(out)))
+    assert [r.get("task", "classify") for r in res["rows"]] == ["classify", "segment"]
+    rows = (out / "transfer.csv").read_text().strip().splitlines()
+    assert rows[0] == "encoder,digits,mean,digits mIoU" and rows[1].startswith("ropim-encoder v1,")
+    assert f"{res['rows'][1]['miou']:.2f}" == rows[1].split(",")[-1]
+    assert "linear-probe top-1 (%) and segmentation mIoU (%)" in (out / "transfer.md").read_text()
+    with pytest.raises(ConfigError, match="crop_size=30"):  # checked before any cell runs
+        transfer(TransferConfig(encoders=uri, segment_data="digits", segment=replace(seg, crop_size=30)))

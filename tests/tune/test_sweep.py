@@ -268,3 +268,26 @@ def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir):
     mv = c.get_model_version(*registry.resolve_version(r.encoder_uri))
     assert mv.tags["metric"] == "finetune_top1" and float(mv.tags["metric_value"]) == r.best["finetune_top1"]
     assert len(c.search_model_versions("name = 'ropim-classifier'")) == classifiers  # trials register no classifier
+
+
+def test_segmentation_objective_trains_upernet_on_each_trials_encoder(ray_session, workdir):
+    """--metric segment_miou: after its last epoch each trial trains UperNet on its own encoder (the sweep's
+    segmentation recipe and data, the trial's workers and seed) and reports val mIoU, which Tune optimises."""
+    with pytest.raises(Exception, match="ASHA has no intermediate values"):
+        prepare(config_from_args(["--metric", "segment_miou", "--scheduler", "asha", "--eval_every", "1", *TINY]))
+    seg = ["--segment.data.canvases", "20", "--segment.data.canvas_size", "32", "--segment.crop_size", "32",
+           "--segment.epochs", "1", "--segment.batch_size", "2", "--segment.max_steps_per_epoch", "1",
+           "--segment.channels", "8", "--segment.aux_channels", "8", "--segment.viz_images", "0"]
+    cfg = prepare(config_from_args(["--metric", "segment_miou", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}),
+                                    *TINY, "--epochs", "1", *seg, "--name", "seg", "--no-register"]))
+    assert cfg.segment["crop_size"] == 32 and cfg.segment["data"]["canvases"] == 20
+    r = run_sweep(cfg)
+    assert r.complete and len(r.rows) == 1
+    row = r.rows[0]
+    assert 0 <= row["segment_miou"] <= 100 and r.best["segment_miou"] == row["segment_miou"]
+    c = store.client()
+    trial = c.get_run(row["mlflow_run"])
+    seg_run = c.get_run(trial.data.tags["ropim.segment_run"])
+    assert seg_run.info.status == "FINISHED" and seg_run.data.metrics["miou"] == pytest.approx(row["segment_miou"])
+    assert seg_run.data.tags["ropim.encoder_uri"] == f"runs:/{row['mlflow_run']}/encoder"
+    assert "segment_miou (%) by rho" in r.table

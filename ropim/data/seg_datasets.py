@@ -1,0 +1,101 @@
+"""Torch datasets of image + label-map pairs and their joint transforms (torchvision.transforms.v2, the label map a
+``tv_tensors.Mask``: resized with nearest neighbours, padded with the ignore label). No Ray, no MLflow.
+
+Training (mmseg's ADE20K pipeline): random scale (the shorter side to 0.5–2.0 × the crop), random crop (padded with
+ignore where the image is smaller), horizontal flip, photometric distortion (brightness, contrast, saturation, hue,
+each with probability 0.5), normalisation. Evaluation: the shorter side resized to the crop size, normalised; the
+label map stays at its own size, where the metrics are computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from ropim.data.decode import BadImages
+from ropim.data.seg_config import SegDataConfig
+from ropim.data.seg_sources import IGNORE, SegList, SegSource, open_seg_source
+from ropim.errors import ConfigError
+
+
+def seg_train_transform(crop: int, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
+                        photometric: bool = True) -> v2.Compose:
+    """(uint8 Image, Mask) → (float32 (3, crop, crop) normalized, int64 (crop, crop)), the training augmentation."""
+    colour = [v2.RandomApply([t], p=0.5) for t in (v2.ColorJitter(brightness=32 / 255), v2.ColorJitter(contrast=0.5),
+                                                   v2.ColorJitter(saturation=0.5), v2.ColorJitter(hue=18 / 360))]
+    return v2.Compose([
+        v2.RandomResize(max(1, round(crop * scale[0])), round(crop * scale[1]) + 1),  # shorter side, uniform
+        v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+        v2.RandomHorizontalFlip(hflip),
+        *(colour if photometric else []),
+        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def seg_eval_transform(crop: int) -> v2.Compose:
+    """(uint8 Image, Mask) → (float32 (3, h, w) normalized with the shorter side = crop, the label map as it is)."""
+    return v2.Compose([
+        EvalResize(crop),
+        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+class EvalResize(torch.nn.Module):
+    """The image's shorter side to ``size`` (bilinear, antialiased); the label map untouched."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, image: tv_tensors.Image, mask: tv_tensors.Mask) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+        if min(image.shape[-2:]) == self.size:
+            return image, mask
+        return v2.functional.resize(image, self.size, antialias=True), mask
+
+
+class SegDataset(Dataset):
+    """(image, label map) pairs of a split under ``transform``. An undecodable file follows the bad-image policy
+    (``skip``: logged, counted in ``bad``, the next pair in its place); a size or label mismatch stops the job."""
+
+    def __init__(self, pairs: SegList, classes: list[str], transform, on_bad_image: str = "skip",
+                 max_pixels: int = 25_000_000) -> None:
+        self.pairs, self.classes, self.transform = pairs, classes, transform
+        self.bad = BadImages(on_bad_image, max_pixels)
+        self.bad_idx: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def raw(self, i: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
+        """Pair ``i`` (or the next decodable one) untransformed: uint8 (3, H, W) and (H, W)."""
+        n = len(self.pairs)
+        for j in (k % n for k in range(i, i + n)):
+            if j in self.bad_idx:
+                continue
+            try:
+                image, mask = self.pairs.load(j, self.bad.max_pixels)
+            except ConfigError:
+                raise
+            except Exception as err:  # noqa: BLE001 — an unreadable or undecodable file makes the pair bad
+                self.bad_idx.add(j)
+                self.bad.add(self.pairs.paths[j], err)
+                continue
+            img = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)  # (3, H, W)
+            return tv_tensors.Image(img), tv_tensors.Mask(torch.from_numpy(mask.copy()))
+        raise ConfigError(f"no decodable pair among the {n} of this split; check the files")
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, mask = self.transform(*self.raw(i))
+        return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
+
+
+def build_seg_dataset(cfg: SegDataConfig, split: str, transform, source: SegSource | None = None) -> SegDataset:
+    """The ``split`` ('train' / 'val') of a segmentation source under ``transform``."""
+    src = source or open_seg_source(cfg)
+    return SegDataset(src.splits[split], src.classes, transform, cfg.on_bad_image, cfg.max_pixels)

@@ -1,0 +1,162 @@
+"""Semantic segmentation transfer (the paper's Table 3 protocol): the task the training loop runs, and the job that
+checks the encoder against the data, opens the run, trains, and registers the segmenter.
+
+``SegmentTask`` supplies the loop with UperNet on the encoder (``ropim.core.segmenter``: layer-wise lr decay over
+the encoder's blocks, the decoder at the full rate), the joint image + mask augmentation, cross-entropy with the
+auxiliary head's loss weighted by ``aux_weight``, and the val evaluation (whole-image or sliding-window, the pixel
+confusion matrix summed over the workers: mIoU, pixel accuracy, per-class IoU). ``segment(cfg)`` runs it on
+``num_workers`` Ray Train workers (0: in this process), then logs per-class IoU and a picture, registers the
+segmenter (``ropim-segmenter``, loaded without pickle) and tags the encoder version with
+``downstream.<dataset>.miou``. Re-running a named run continues it; a finished one is reported, not trained again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+import torch.nn.functional as F
+from timm.optim import create_optimizer_v2
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ropim.core.segmenter import segmenter_from_encoder
+from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
+from ropim.data.seg_sources import IGNORE, open_seg_source
+from ropim.errors import ConfigError
+from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
+from ropim.tracking import registry, store
+from ropim.train.loop import EpochData, Worker, autocast_dtype, train
+from ropim.train.segment_config import SegmentConfig
+from ropim.train.speed import adamw_kernels, images_to
+
+log = logging.getLogger("ropim.segment")
+
+
+def metric_name(name: str) -> str:
+    """A class name as an MLflow metric key part."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name) or "_"
+
+
+def seg_loss(outputs, target: torch.Tensor, aux_weight: float) -> torch.Tensor:
+    """Cross-entropy (ignoring label 255) of the logits, upsampled to the labels' size, plus ``aux_weight`` × that of
+    the auxiliary head's."""
+    logits, aux = outputs if isinstance(outputs, tuple) else (outputs, None)
+    size = target.shape[-2:]
+    loss = F.cross_entropy(F.interpolate(logits, size=size, mode="bilinear", align_corners=False), target,
+                           ignore_index=IGNORE)
+    if aux is not None and aux_weight:
+        up = F.interpolate(aux, size=size, mode="bilinear", align_corners=False)
+        loss = loss + aux_weight * F.cross_entropy(up, target, ignore_index=IGNORE)
+    return loss
+
+
+@torch.no_grad()
+def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentConfig, num_classes: int,
+                       device: torch.device, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The (K, K) pixel confusion matrix of ``model`` over the pairs ``indices`` of ``dataset`` (eval transform)."""
+    was_training = model.training
+    model.eval()
+    conf = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    for i in indices:
+        image, mask = dataset[i]
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = predict_logits(model, image.to(device), cfg.crop_size, num_classes, cfg.eval_mode,
+                                    cfg.eval_stride, out_size=tuple(mask.shape))
+        conf += pixel_confusion(logits.argmax(0).cpu(), mask, num_classes)
+    model.train(was_training)
+    return conf
+
+
+class SegmentTask:
+    """Segmentation as the loop sees it."""
+
+    loss_name = "train_loss"
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        self.config = config["cfg"]
+        self.cfg = cfg = SegmentConfig.from_dict(self.config)
+        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
+        self.worker = worker
+        self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
+        source = open_seg_source(cfg.data)
+        self.classes = source.classes
+        self.train_set = build_seg_dataset(cfg.data, "train", seg_train_transform(
+            cfg.crop_size, (cfg.scale_min, cfg.scale_max), cfg.hflip, cfg.photometric), source)
+        self.val_set = build_seg_dataset(cfg.data, "val", seg_eval_transform(cfg.crop_size), source)
+        self.last_eval: dict = {}
+        self.seg_config: dict = {}
+
+    def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        cfg = self.cfg
+        seg = segmenter_from_encoder(self.enc_cfg["arch"], self.enc_cfg["timm_kwargs"],
+                                     None if cfg.random_init else self.state, len(self.classes), cfg.crop_size,
+                                     drop_path=cfg.drop_path, channels=cfg.channels, aux_channels=cfg.aux_channels,
+                                     dropout=cfg.dropout)
+        if worker.rank == 0:
+            log.info(f"[{cfg.kind}] {seg.summary()}")
+        self.seg_config = seg.config
+        model = seg.model
+        if worker.world > 1 and worker.device.type == "cuda":  # mmseg's SyncBN: batch statistics over the GPUs
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model.to(worker.device)
+        optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                        layer_decay=cfg.layer_decay, **adamw_kernels(cfg.adamw))
+        return model, optimizer
+
+    def data(self, worker: Worker, micro_batch: int) -> EpochData:
+        cfg = self.cfg
+        sampler = DistributedSampler(self.train_set, num_replicas=worker.world, rank=worker.rank, shuffle=True,
+                                     seed=cfg.seed, drop_last=True)
+        loader = DataLoader(self.train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
+                            num_workers=cfg.dataloader_workers,
+                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory,
+                            persistent_workers=cfg.dataloader_workers > 0)
+        if len(loader) < 1:
+            raise ConfigError(f"batch_size={cfg.batch_size}: larger than the training split on each worker")
+
+        def batches(epoch: int):
+            sampler.set_epoch(epoch)
+            return iter(loader)
+
+        return EpochData(batches, len(loader), {"bad_images": (lambda: float(self.train_set.bad.count), "sum")})
+
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
+        y = batch[1].to(self.worker.device, non_blocking=self.cfg.pin_memory)
+        return seg_loss(model(x), y, self.cfg.aux_weight), x.shape[0]
+
+    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
+        k, w = len(self.classes), self.worker
+        conf = evaluate_confusion(model, self.val_set, range(w.rank, len(self.val_set), w.world), self.cfg, k,
+                                  w.device, autocast_dtype(self.cfg.precision))
+        conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
+        scores = segmentation_scores(conf)
+        per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)
+                     if v == v}  # NaN: the class is in neither the labels nor the predictions
+        self.last_eval = {"eval": {"epoch": epoch, "miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
+                                   "per_class_iou": scores["per_class_iou"], "classes": self.classes,
+                                   "segmenter": self.seg_config}}
+        return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"], **per_class}
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        return []  # every evaluation is inline: its confusion matrix is summed over the workers
+
+    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
+        if "miou" in metrics:
+            eta = (self.cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]
+            log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
+                     f"{metrics['train_loss']:.4f} val mIoU {metrics['miou']:.2f}% pixel acc "
+                     f"{metrics['pixel_acc']:.2f}% {metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
+
+    def record(self, epochs: list[dict]) -> None:
+        store.log_epochs(self.run_id, epochs, self.tracking)
+
+    def checkpoint_extra(self) -> dict:
+        return self.last_eval
+
+
+def worker_main(config: dict, worker: Worker) -> None:
+    """One worker of a segmentation job."""
+    task = SegmentTask(config, worker)
+    train(task, task.cfg.loop(), worker)

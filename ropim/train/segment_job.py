@@ -1,0 +1,156 @@
+"""``ropim segment``: check the encoder against the data, open the run, train ``SegmentTask`` on the one loop (Ray
+Train workers, or this process), then log per-class IoU and a picture, register the segmenter and tag the encoder
+version with its mIoU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ropim.console import ensure_logging
+from ropim.core.upernet import build_segmenter
+from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform
+from ropim.data.seg_sources import open_seg_source
+from ropim.errors import ConfigError
+from ropim.eval.segmentation import predict_logits
+from ropim.tracking import store
+from ropim.tracking.encoders import EncoderRef, resolve_encoder
+from ropim.tracking.names import default_run_name
+from ropim.tracking.runs import open_run
+from ropim.tracking.segmenters import register_segmenter
+from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.downstream import dataset_name, run_tags, tag_version
+from ropim.train.runtime import WorkerFn, fit, run_dir
+from ropim.train.segment import worker_main
+from ropim.train.segment_config import SEGMENT_RESUMABLE, SegmentConfig
+from ropim.viz.segmentation import segmentation_png
+
+log = logging.getLogger("ropim.segment")
+
+
+def baseline(cfg: SegmentConfig) -> SegmentConfig:
+    """The same segmentation from a randomly initialised encoder of the same architecture."""
+    return dataclasses.replace(cfg, random_init=True)
+
+
+def check_encoder(ref: EncoderRef, cfg: SegmentConfig) -> None:
+    """The encoder's patch size divides the crop, and it takes RGB images: one error naming both otherwise."""
+    p = ref.config["patch_size"]
+    if cfg.crop_size % p:
+        fix = max(p, cfg.crop_size - cfg.crop_size % p)
+        raise ConfigError(f"crop_size={cfg.crop_size}: encoder {ref.uri} has patch size {p}, which must divide the "
+                          f"crop size (e.g. crop_size={fix})")
+    chans = ref.config.get("in_chans", ref.config["timm_kwargs"].get("in_chans", 3))
+    if chans != 3:
+        raise ConfigError(f"encoder {ref.uri} takes {chans}-channel images; segmentation sources give RGB")
+
+
+def prepare(cfg: SegmentConfig, tracking: str) -> tuple[SegmentConfig, EncoderRef]:
+    """Resolve paths, validate ``cfg``, check the encoder and the training split, before any run starts; pin the
+    encoder."""
+    cfg = cfg.resolved().validate()
+    cfg.check_resources()
+    ref, _ = resolve_encoder(cfg.encoder, tracking)
+    check_encoder(ref, cfg)
+    n = len(open_seg_source(cfg.data).splits["train"])
+    if n < cfg.batch_size:
+        raise ConfigError(f"batch_size={cfg.batch_size} exceeds the training split ({n} pairs)")
+    run_name = cfg.run_name or default_run_name(f"{cfg.kind}-{dataset_name(cfg.data)}")
+    return dataclasses.replace(cfg, encoder=ref.pinned, run_name=run_name), ref
+
+
+def square(t: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """A (C, H, W) map resized to (C, size, size) for a picture's row."""
+    return torch.nn.functional.interpolate(t[None].float(), size=(size, size), mode=mode)[0]
+
+
+def log_picture(cfg: SegmentConfig, run_id: str, model: torch.nn.Module, classes: list[str], tracking: str,
+                title: str) -> str | None:
+    """image | ground truth | prediction of the first ``viz_images`` val pairs, as ``segmentation.png``."""
+    if not cfg.viz_images:
+        return None
+    val = build_seg_dataset(cfg.data, "val", seg_eval_transform(cfg.crop_size))
+    images, truths, preds = [], [], []
+    for i in range(min(cfg.viz_images, len(val))):
+        image, mask = val[i]
+        pred = predict_logits(model, image, cfg.crop_size, len(classes), cfg.eval_mode, cfg.eval_stride,
+                              out_size=tuple(mask.shape)).argmax(0)
+        images.append(square(image, cfg.crop_size, "bilinear"))
+        truths.append(square(mask[None], cfg.crop_size, "nearest")[0].long())
+        preds.append(square(pred[None], cfg.crop_size, "nearest")[0].long())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "segmentation.png"
+        segmentation_png(torch.stack(images), torch.stack(truths), torch.stack(preds), classes, path, title)
+        store.log_artifact(run_id, path, uri=tracking)
+    return "segmentation.png"
+
+
+def register_result(cfg: SegmentConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> dict:
+    """Log the final scores, per-class IoU (JSON) and the picture; register the segmenter; tag the encoder."""
+    name = dataset_name(cfg.data)
+    ev = json.loads((folder / "metrics.json").read_text())["eval"]
+    store.log_metrics(run_id, {"final_miou": ev["miou"], "final_pixel_acc": ev["pixel_acc"]}, ev["epoch"], tracking)
+    per_class = dict(zip(ev["classes"], ev["per_class_iou"], strict=True))
+    store.log_text(run_id, json.dumps({"classes": ev["classes"], "per_class_iou": ev["per_class_iou"],
+                                       "miou": ev["miou"], "pixel_acc": ev["pixel_acc"]}, indent=2),
+                   "per_class_iou.json", tracking)
+    state = load_file(str(folder / "model.safetensors"))
+    model = build_segmenter(ev["segmenter"])
+    model.load_state_dict(state)
+    picture = log_picture(cfg, run_id, model.eval(), ev["classes"], tracking,
+                          f"{cfg.kind} of {ref.label} on {name}: mIoU {ev['miou']:.2f}%")
+    out = {"per_class_iou": per_class, "segmenter_uri": None, "picture": picture}
+    if cfg.registered_model and not cfg.random_init:
+        config = {**ev["segmenter"], "classes": ev["classes"], "img_size": cfg.crop_size, "dataset": name,
+                  "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "encoder_uri": ref.pinned,
+                  "encoder_name": ref.name or "", "encoder_version": ref.version or "",
+                  "backbone": ref.config.get("backbone", ""), "miou": round(ev["miou"], 4),
+                  "pixel_acc": round(ev["pixel_acc"], 4)}
+        uri = register_segmenter(run_id, state, config, cfg.registered_model, tracking)
+        store.set_tags(run_id, {"ropim.segmenter_uri": uri}, tracking)
+        print(f"[{cfg.kind}] registered segmenter {uri}", flush=True)
+        out["segmenter_uri"] = uri
+    if not cfg.random_init:
+        tag_version(ref, {f"downstream.{name}.miou": ev["miou"]}, tracking)
+    return out
+
+
+def segment(cfg: SegmentConfig, *, worker_fn: WorkerFn = worker_main) -> dict[str, object]:
+    """Train UperNet from ``cfg.encoder`` (or its architecture at random init); return val metrics: 'miou',
+    'pixel_acc', 'train_loss', 'epoch', 'run_id', 'segmenter_uri', 'per_class_iou'."""
+    ensure_logging()
+    tracking = tracking_uri()
+    check_tracking(tracking)
+    cfg, ref = prepare(cfg, tracking)
+    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
+                  resumable=SEGMENT_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
+                  config_artifact="config/segment.json", uri=tracking,
+                  normalize=lambda stored: SegmentConfig.from_dict(stored).to_dict()) as run:
+        if run.finished:
+            metrics = store.client(tracking).get_run(run.run_id).data.metrics
+            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): mIoU "
+                  f"{metrics.get('miou', float('nan')):.2f}%", flush=True)
+            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
+                    "segmenter_uri": run.tags.get("ropim.segmenter_uri")}
+        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
+        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
+        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at "
+              f"{cfg.crop_size}px crops, MLflow run {run.run_id}", flush=True)
+        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
+                                 "run_dir": run_dir(cfg)}, cfg)
+        extra = {}
+        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
+            with result.checkpoint_dir() as folder:
+                extra = register_result(cfg, ref, run.run_id, folder, tracking)
+        else:
+            run.stop()
+            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
+                  f"re-running with --run_name {cfg.run_name}", flush=True)
+        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}

@@ -1,0 +1,120 @@
+"""Segmentation sources: the built-in digits canvases, the ADE20K layout (labels shifted, 0 ignored), a folder pair
+(seeded split, classes.json), Parquet shards written by `ropim data convert --task segment` holding the same pairs,
+pairs that do not fit refused naming the file, and the joint image + mask transforms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from support import run_cli, write_ade20k
+
+from ropim.data.seg_config import SegDataConfig
+from ropim.data.seg_datasets import SegDataset, seg_eval_transform, seg_train_transform
+from ropim.data.seg_digits import CLASSES, digit_canvases
+from ropim.data.seg_sources import ArraySegList, check_seg_source, open_seg_source
+from ropim.errors import ConfigError
+
+
+def write_pairs(root: Path, n: int = 10, classes: list[str] | None = None) -> Path:
+    """ROOT/images/*.png + ROOT/masks/*.png, labels 0..2 and 255, no split folders."""
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for i in range(n):
+        Image.fromarray(np.full((12, 16, 3), i * 20, np.uint8)).save(root / "images" / f"p{i}.png")
+        mask = np.full((12, 16), i % 3, np.uint8)
+        mask[0] = 255
+        Image.fromarray(mask).save(root / "masks" / f"p{i}.png")
+    if classes:
+        (root / "classes.json").write_text(json.dumps(classes))
+    return root
+
+
+def test_digit_canvases_are_deterministic_with_labelled_strokes():
+    a_img, a_mask = digit_canvases(12, 48, 3)
+    b_img, b_mask = digit_canvases.__wrapped__(12, 48, 3)  # built again, not the cached copy
+    assert np.array_equal(a_img, b_img) and np.array_equal(a_mask, b_mask)
+    assert a_img.shape == (12, 48, 48, 3) and a_mask.shape == (12, 48, 48)
+    assert a_mask.max() <= 10 and all((m > 0).any() for m in a_mask)  # every canvas holds a digit
+    assert not np.array_equal(digit_canvases(12, 48, 4)[1], a_mask)  # another seed, other canvases
+    src = open_seg_source(SegDataConfig(canvases=20, canvas_size=32))
+    assert src.classes == CLASSES and len(src.splits["train"]) == 16 and len(src.splits["val"]) == 4
+
+
+def test_ade20k_layout_shifts_labels_and_ignores_zero(tmp_path):
+    write_ade20k(tmp_path / "ade", n_train=3, n_val=2)
+    cfg = SegDataConfig(source=str(tmp_path / "ade"))
+    src = check_seg_source(cfg.validate())
+    assert src.format == "ade20k" and len(src.classes) == 150 and src.classes[0] == "1"
+    assert [len(src.splits[s]) for s in ("train", "val")] == [3, 2]
+    image, mask = src.splits["train"].load(0)
+    assert image.size == (48, 40)
+    assert mask[0, 0] == 2 and mask[39, 0] == 149 and mask[39, 47] == 255  # 3 -> 2, 150 -> 149, 0 -> ignore
+
+
+def test_folder_pair_split_by_seed_with_class_names(tmp_path):
+    root = write_pairs(tmp_path / "pairs", classes=["sky", "road", "car"])
+    src = open_seg_source(SegDataConfig(source=str(root), val_fraction=0.3))
+    assert src.format == "pairs" and src.classes == ["sky", "road", "car"]
+    assert len(src.splits["train"]) + len(src.splits["val"]) == 10 and len(src.splits["val"]) > 0
+    again = open_seg_source(SegDataConfig(source=str(root), val_fraction=0.3))
+    assert again.splits["val"].paths == src.splits["val"].paths
+    with pytest.raises(ConfigError, match="how many classes"):
+        open_seg_source(SegDataConfig(source=str(write_pairs(tmp_path / "unnamed"))))
+    assert len(open_seg_source(SegDataConfig(source=str(tmp_path / "unnamed"), num_classes=3)).classes) == 3
+
+
+def test_pairs_that_do_not_fit_are_refused_naming_the_file(tmp_path):
+    root = write_pairs(tmp_path / "pairs", n=4, classes=["a", "b", "c"])
+    (root / "images" / "extra.png").write_bytes((root / "images" / "p0.png").read_bytes())
+    with pytest.raises(ConfigError, match="extra.png has no mask"):
+        SegDataConfig(source=str(root)).validate()
+    (root / "images" / "extra.png").unlink()
+    Image.fromarray(np.zeros((5, 5), np.uint8)).save(root / "masks" / "p1.png")
+    with pytest.raises(ConfigError, match="p1.png: mask is 5x5 but the image is 16x12"):
+        SegDataConfig(source=str(root)).validate()
+    Image.fromarray(np.full((12, 16), 7, np.uint8)).save(root / "masks" / "p1.png")
+    with pytest.raises(ConfigError, match="p1.png: mask holds label 7, outside the 3 classes"):
+        SegDataConfig(source=str(root)).validate()
+
+
+def test_train_transform_moves_image_and_mask_together_and_pads_with_ignore():
+    mask = np.zeros((32, 32), np.uint8)
+    mask[:, :8] = 1  # a stripe on the left
+    image = np.where(mask[..., None] == 1, 255, 0).astype(np.uint8).repeat(3, 2)
+    pairs = ArraySegList(image[None], mask[None], ["a"], 2)
+    flipped = SegDataset(pairs, ["bg", "stripe"], seg_train_transform(32, (1.0, 1.0), hflip=1.0,
+                                                                       photometric=False))[0]
+    x, y = flipped
+    assert x.shape == (3, 32, 32) and y.dtype == torch.int64
+    assert (y[:, -8:] == 1).all() and (y[:, :-8] == 0).all()  # the stripe went right with the flip
+    assert (x[0, :, -8:] > x[0, :, :-8].max()).all()  # and the bright pixels with it
+    torch.manual_seed(0)
+    small = SegDataset(pairs, ["bg", "stripe"], seg_train_transform(64, (0.5, 0.5), photometric=True))[0]
+    assert small[0].shape == (3, 64, 64) and (small[1] == 255).sum() == 64 * 64 - 32 * 32  # padded: ignored
+    x, y = SegDataset(pairs, ["bg", "stripe"], seg_eval_transform(16))[0]
+    assert x.shape == (3, 16, 16) and y.shape == (32, 32)  # the labels keep their size for the metrics
+
+
+def test_convert_writes_parquet_shards_holding_the_same_pairs(tmp_path):
+    write_ade20k(tmp_path / "ade", n_train=3, n_val=2)
+    proc = run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "shards").glob("*.parquet")) == [
+        "train-00000.parquet", "train-00001.parquet", "val-00000.parquet"]
+    folder = open_seg_source(SegDataConfig(source=str(tmp_path / "ade")))
+    shards = open_seg_source(SegDataConfig(source=str(tmp_path / "shards")))
+    assert shards.format == "parquet" and shards.classes == folder.classes
+    for split in ("train", "val"):
+        by_path = {Path(p).name: i for i, p in enumerate(folder.splits[split].paths)}
+        assert len(shards.splits[split]) == len(by_path)
+        for j, path in enumerate(shards.splits[split].paths):
+            image, mask = shards.splits[split].load(j)
+            ref_image, ref_mask = folder.splits[split].load(by_path[Path(path).name])
+            assert np.array_equal(mask, ref_mask) and np.array_equal(np.asarray(image), np.asarray(ref_image))
+    again = run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2", cwd=tmp_path)
+    assert again.returncode == 0 and "shards written 0, kept 3" in again.stdout
