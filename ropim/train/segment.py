@@ -28,7 +28,7 @@ from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentatio
 from ropim.tracking import registry, store
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
 from ropim.train.segment_config import SegmentConfig
-from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.speed import adamw_kernels, images_to, resolve_precision
 
 log = logging.getLogger("ropim.segment")
 
@@ -129,7 +129,7 @@ class SegmentTask:
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         k, w = len(self.classes), self.worker
         conf = evaluate_confusion(model, self.val_set, range(w.rank, len(self.val_set), w.world), self.cfg, k,
-                                  w.device, autocast_dtype(self.cfg.precision))
+                                  w.device, autocast_dtype(resolve_precision(self.cfg.precision, w.device)))
         conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
         scores = segmentation_scores(conf)
         per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)

@@ -64,7 +64,7 @@ class SegmentConfig(SpeedOptions):
     eval_mode: Literal["slide", "whole"] = "slide"  # sliding windows over the shorter-side-resized image, or one
     eval_stride: int | None = None  # sliding-window stride (None: 2/3 of crop_size, mmseg's 341 at 512)
     clip_grad: float | None = None
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + grad scaler, GPU only)
+    precision: str = "auto"  # auto (bf16 on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 (GPU only)
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
