@@ -194,6 +194,13 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     except ArgumentError as err:
         where = "ropim" if "invalid choice" in str(err) else f"ropim {command}"
         raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
+    except KeyboardInterrupt as err:  # a stop signal: the run said how it ended (``ropim.tracking.signals``)
+        raise SystemExit(stop_status(err)) from None
+
+
+def stop_status(err: KeyboardInterrupt) -> int:
+    """The exit status of a job ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM)."""
+    return 128 + getattr(err, "signum", 2)
 
 
 if __name__ == "__main__":

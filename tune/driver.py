@@ -77,7 +77,8 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
     params = {k: v for k, v in cfg.to_dict().items() if k != "pretrain"} | {"pretrain": cfg.pretrain}
     with open_run(experiment=cfg.experiment, name=cfg.name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=("max_concurrent",), params=params, config_artifact="sweep/config.json", uri=uri,
-                  tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset}) as run:
+                  tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
+                  resume=f"ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}") as run:
         meta = run.meta
         if run.finished:
             print(f"[sweep] {cfg.name} already finished (MLflow run {run.run_id}); best encoder "
@@ -86,7 +87,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
                                meta.get("champion", {}), meta.get("table", ""))
         print(f"[sweep] {cfg.name}: {cfg.n_trials} trials ({cfg.search}), MLflow parent run {run.run_id} at {uri}",
               flush=True)
-        with ray_session():
+        with ray_session(paths={"data.source": cfg.pretrain["data"]["source"], "storage_path": cfg.storage_path}):
             return run_trials(cfg, run, callbacks)
 
 

@@ -55,7 +55,7 @@ def format_markdown(header: list[str], body: list[list[str]]) -> str:
 
 def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     preflight(cfg)
     rows = []
     with ray_session(needed=cfg.mode == "finetune" and cfg.finetune.num_workers > 0):  # one for every cell

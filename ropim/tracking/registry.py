@@ -20,7 +20,7 @@ from mlflow.types import Schema, TensorSpec
 from ropim.errors import ConfigError
 from ropim.tracking.cards import card
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
-from ropim.tracking.store import client, flatten, tracking_uri
+from ropim.tracking.store import client, flatten, retrying, tracking_uri
 
 if TYPE_CHECKING:
     import torch
@@ -53,16 +53,10 @@ def register_model(
         weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-            info = mlflow.pyfunc.log_model(
-                name=kind,
-                python_model=str(code),
-                artifacts={"weights": str(weights), "config": str(cfg_file)},
-                pip_requirements=ENCODER_REQUIREMENTS,
-                registered_model_name=name,
-                signature=signature(config),
-                input_example=input_example(config),
-            )
+        info = retrying(log_pyfunc)(run_id, name=kind, python_model=str(code),
+                                    artifacts={"weights": str(weights), "config": str(cfg_file)},
+                                    pip_requirements=ENCODER_REQUIREMENTS, registered_model_name=name,
+                                    signature=signature(config), input_example=input_example(config))
     version = str(info.registered_model_version)
     for k, v in flatten(config).items():
         if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
@@ -71,6 +65,12 @@ def register_model(
     c.set_model_version_tag(name, version, "run_id", run_id)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+def log_pyfunc(run_id: str, **kwargs):
+    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``."""
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        return mlflow.pyfunc.log_model(**kwargs)
 
 
 def describe(name: str, version: str, uri: str | None = None) -> None:

@@ -3,7 +3,7 @@ reads from it (``LoopConfig``). Imports nothing heavy, so that the command line 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ropim.checks import (
     COUNT,
@@ -20,6 +20,7 @@ from ropim.checks import (
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.train.placement import check_placement
 from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
@@ -159,6 +160,10 @@ class PretrainConfig(SpeedOptions):
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
         check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
+    def resolved(self) -> PretrainConfig:
+        """The same config with its local paths (data source, storage) absolute (``ropim.paths``)."""
+        return replace(self, data=self.data.resolved(), storage_path=resolve_path(self.storage_path))
+
     @property
     def lr(self) -> float:
         """Peak learning rate after the linear scaling rule."""
@@ -258,6 +263,11 @@ class FinetuneConfig(SpeedOptions):
     def check_resources(self) -> None:
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
         check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
+
+    def resolved(self) -> FinetuneConfig:
+        """The same config with its local paths (encoder folder, data source, storage) absolute (``ropim.paths``)."""
+        return replace(self, encoder=resolve_path(self.encoder), data=self.data.resolved(),
+                       storage_path=resolve_path(self.storage_path))
 
     @property
     def lr(self) -> float:

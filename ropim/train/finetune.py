@@ -208,11 +208,12 @@ def register_result(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: P
 
 
 def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, EncoderRef]:
-    """Validate ``cfg`` and check the encoder against the data, before any run starts; pin the encoder."""
-    cfg.validate()
+    """Resolve ``cfg``'s paths, validate it and check the encoder against the data, before any run starts; pin the
+    encoder."""
+    cfg = cfg.resolved().validate()
     cfg.check_resources()
     ref, _ = resolve_encoder(cfg.encoder, tracking)
-    data = cfg.data.resolved()
+    data = cfg.data
     img_size = cfg.img_size or ref.config["img_size"]
     eval_split(ref, data, img_size)  # image size and channels checked against the encoder
     check_batch_fits(data, {"batch_size": cfg.batch_size})
@@ -230,7 +231,8 @@ def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=FINETUNE_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
                   config_artifact="config/finetune.json", uri=tracking,
-                  normalize=lambda stored: FinetuneConfig.from_dict(stored).to_dict()) as run:
+                  normalize=lambda stored: FinetuneConfig.from_dict(stored).resolved().to_dict(),
+                  resume=f"the same command, with --run_name {cfg.run_name}") as run:
         if run.finished:
             metrics = store.client(tracking).get_run(run.run_id).data.metrics
             print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): top-1 "

@@ -9,6 +9,8 @@ import contextlib
 import functools
 import json
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ropim.errors import ConfigError
+from ropim.paths import cluster_note
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -24,17 +27,25 @@ WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
 
 @contextlib.contextmanager
-def ray_session(needed: bool = True) -> Iterator[None]:
+def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Iterator[None]:
     """Use this process's Ray session, or (when ``needed``) start one and shut it down on exit.
 
     ``ray.init()`` joins the cluster of a ``ray job submit`` job (RAY_ADDRESS) or starts a local one. The
     dashboard stays on: Ray Train's placement-group cleaner needs its state API to free a dead run's resources.
+    On joining a cluster of several nodes, one line names the local ``paths`` ({flag: path}) workers would open
+    there (``ropim.paths.cluster_note``).
     """
     import ray
 
     started = needed and not ray.is_initialized()
     if started:
+        handler = signal.getsignal(signal.SIGTERM)
         ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
+        if callable(handler):  # ray.init replaces the caller's SIGTERM handler (``ropim.tracking.signals``)
+            signal.signal(signal.SIGTERM, handler)
+        note = cluster_note(paths or {}, sum(1 for n in ray.nodes() if n.get("Alive")))
+        if note:
+            print(note, flush=True)
     try:
         yield
     finally:
@@ -173,6 +184,12 @@ def worker_count(job: PretrainConfig | FinetuneConfig) -> int | tuple[int, int]:
     return job.num_workers
 
 
+def worker_paths(job: PretrainConfig | FinetuneConfig) -> dict[str, str]:
+    """The paths a job's workers open: {flag: path}."""
+    return {"data.source": job.data.source, "storage_path": job.storage_path,
+            **({"encoder": job.encoder} if isinstance(job, FinetuneConfig) else {})}
+
+
 def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
     """The run's folder (a URI, or an absolute local path: workers may run in another folder)."""
     storage = storage_path or job.storage_path
@@ -205,9 +222,32 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfi
             with FitResult({}, found[-1]).checkpoint_dir() as latest:
                 metrics = json.loads((latest / "metrics.json").read_text())
         return FitResult(metrics, found[-1] if found else None)
-    with ray_session():
-        result = torch_trainer(fn, loop_config, job, **trainer_kwargs).fit()
+    with ray_session(paths=worker_paths(job)):
+        result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
     return FitResult(dict(result.metrics or {}), result.checkpoint)
+
+
+def fit_trainer(trainer):
+    """``trainer.fit()``; called from the main thread, it runs in a helper thread and the main thread waits, so that
+    stop signals reach the run's handlers (``ropim.tracking.signals``): Ray Train's ``fit`` on the main thread
+    replaces the SIGINT handler with its own, which aborts the run as a crash."""
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as err:  # handed to the main thread
+            outcome["error"] = err
+
+    helper = threading.Thread(target=target, name="ropim-fit", daemon=True)
+    helper.start()
+    while helper.is_alive():
+        helper.join(0.5)  # a stop signal raises here; the workers then stop with this driver
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 

@@ -94,3 +94,38 @@ def test_run_in_use_is_refused_and_sigkilled_job_resumes_exactly(workdir, tmp_pa
     assert c.get_run(resumed.run_id).info.status == "FINISHED"
     assert len(c.search_model_versions(f"run_id='{resumed.run_id}'")) == 1
     assert not (workdir / "ray_results" / "killed" / ".lock").exists()  # released at the end
+
+
+TERMED = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "1000",
+          "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0", "--eval_every", "0",
+          "--run_name", "termed")
+
+
+def test_sigterm_ends_the_run_killed_registers_nothing_and_the_same_command_resumes(workdir):
+    job = subprocess.Popen([sys.executable, "-m", "ropim.cli", *TERMED], cwd=workdir, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    folder = workdir / "ray_results" / "termed" / "in_process"
+    try:
+        deadline = time.time() + 300
+        while not (folder / "checkpoint_000001").exists():  # a complete checkpoint is renamed into place
+            assert job.poll() is None and time.time() < deadline, job.stderr.read()[-2000:] if job.poll() else "slow"
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)  # what `ray job stop`, Kubernetes and batch schedulers send
+        out, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "termed stopped by SIGTERM" in last and "marked KILLED" in last, err[-2000:]
+    assert "continue with: ropim pretrain --resume termed" in last
+    c = store.client()
+    run = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
+               if r.info.run_name == "termed")
+    assert run.info.status == "KILLED"
+    assert not c.search_model_versions(f"run_id='{run.info.run_id}'")
+    kept = sorted(p.name for p in folder.glob("checkpoint_*"))
+    assert kept and not (workdir / "ray_results" / "termed" / ".lock").exists()
+    resumed = run_cli(*TERMED, "--stop_after_epochs", "1", cwd=workdir)  # the same run, one more epoch
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from epoch {int(kept[-1].split('_')[1])}" in resumed.stdout + resumed.stderr
+    assert c.get_run(run.info.run_id).info.status == "KILLED"  # stopped on purpose again, same MLflow run
