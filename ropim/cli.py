@@ -18,6 +18,7 @@ from typing import Literal
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from ropim import commands
+from ropim.config_files import parser_mode
 from ropim.console import quiet_console
 from ropim.errors import ConfigError
 
@@ -26,8 +27,9 @@ ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
 
 
 def parser_of(**kwargs) -> ArgumentParser:
-    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage."""
-    return ArgumentParser(exit_on_error=False, **kwargs)
+    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage, and reads
+    config files with ``ropim.config_files`` (an empty file is an empty config, a key given twice is refused)."""
+    return ArgumentParser(exit_on_error=False, parser_mode=parser_mode(), **kwargs)
 
 
 def one_line(err: Exception) -> str:

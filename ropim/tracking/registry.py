@@ -150,6 +150,8 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = Path(model_uri).expanduser()
     if local.exists():
+        if local.is_dir() and all(next(local.rglob(f), None) for f in (f"{kind}.safetensors", "config.json")):
+            model_files(local, kind, model_uri)  # present: whole?
         return local
     if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
         raise FileNotFoundError(
@@ -184,14 +186,44 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
     local folder holding ``<kind>.safetensors`` + ``config.json``."""
     client(uri)
-    local = local_copy(model_uri, kind, uri)
-    weights = next(local.rglob(f"{kind}.safetensors"), None)
-    cfg_file = next(local.rglob("config.json"), None)
-    if weights is None or cfg_file is None:
-        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
+    weights, cfg_file = model_files(local_copy(model_uri, kind, uri), kind, model_uri)
     from safetensors.torch import load_file  # torch only when a model is read
 
     return load_file(str(weights)), json.loads(cfg_file.read_text())
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file, judged from its header and size (no tensor is read), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            return f"{size:,} bytes: shorter than its header"
+        try:
+            header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return "its header is not a safetensors header"
+    return None if 8 + n + end == size else f"{size:,} bytes where its header promises {8 + n + end:,}"
+
+
+def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
+    """(``<kind>.safetensors``, ``config.json``) in ``folder``, both whole: one error naming a file missing, cut short
+    or damaged."""
+    weights, cfg_file = next(folder.rglob(f"{kind}.safetensors"), None), next(folder.rglob("config.json"), None)
+    if weights is None or cfg_file is None:
+        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
+    damaged, problem = weights, safetensors_problem(weights)
+    if problem is None:
+        try:
+            json.loads(cfg_file.read_text())
+        except (ValueError, OSError) as err:
+            damaged, problem = cfg_file, f"not JSON: {err}"
+    if problem is not None:
+        raise ConfigError(f"{kind} {model_uri}: {damaged} cannot be read ({problem}); it is cut short or damaged: "
+                          "copy or export the model again (or register it again)")
+    return weights, cfg_file
 
 
 def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:

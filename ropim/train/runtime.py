@@ -33,7 +33,8 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
     ``ray.init()`` joins the cluster of a ``ray job submit`` job (RAY_ADDRESS) or starts a local one. The
     dashboard stays on: Ray Train's placement-group cleaner needs its state API to free a dead run's resources.
     On joining a cluster of several nodes, one line names the local ``paths`` ({flag: path}) workers would open
-    there (``ropim.paths.cluster_note``).
+    there (``ropim.paths.cluster_note``). A stop signal leaves the shut-down to Ray's exit hook, so that the run
+    records its end first (``ray job stop`` kills the driver 3 s after its SIGTERM).
     """
     import ray
 
@@ -48,6 +49,9 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
             print(note, flush=True)
     try:
         yield
+    except KeyboardInterrupt:
+        started = False
+        raise
     finally:
         if started:
             ray.shutdown()
@@ -74,16 +78,19 @@ class RayWorker:
         for handler in logging.getLogger().handlers:
             handler.addFilter(DropTrainReportLines())
 
-    @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[str | None]:
+    def restorable(self) -> Iterator[tuple[str, contextlib.AbstractContextManager[str | Path]]]:
+        """The run's latest committed checkpoint, then (only when it cannot be loaded) the earlier ones Ray keeps."""
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield None
+        latest = ray.train.get_checkpoint()
+        if latest is None:
             return
-        with checkpoint.as_directory() as d:
-            yield d
+        yield latest.path, latest.as_directory()
+        reported = ray.train.get_all_reported_checkpoints(
+            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=10)
+        earlier = [r for r in reported if r.checkpoint.path != latest.path]
+        for r in sorted(earlier, key=lambda r: (r.metrics or {}).get("step", 0), reverse=True):
+            yield r.checkpoint.path, r.checkpoint.as_directory()
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         import ray.train.torch
@@ -223,8 +230,32 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfi
                 metrics = json.loads((latest / "metrics.json").read_text())
         return FitResult(metrics, found[-1] if found else None)
     with ray_session(paths=worker_paths(job)):
-        result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
+        try:
+            result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
+        except Exception as err:
+            bad = input_error(err)
+            if bad is None:
+                raise
+            raise bad from None  # one line, not a worker traceback: a bad file stops every restart the same way
     return FitResult(dict(result.metrics or {}), result.checkpoint)
+
+
+def input_error(err: BaseException) -> ConfigError | None:
+    """The ``ConfigError`` (a bad image under ``fail``, a shard cut short) a worker raised, found inside the error Ray
+    hands the driver (worker failures, wrapped exceptions, task causes), with a one-line message; None when the
+    failure is something else."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConfigError) and str(e) and "\n" not in str(e).strip():
+            return (type(e) if type(e).__module__.startswith("ropim.") else ConfigError)(str(e).strip())
+        inner = [e.__cause__, e.__context__, getattr(e, "cause", None), *getattr(e, "args", ()),
+                 *getattr(e, "worker_failures", {}).values()]
+        todo += [x for x in inner if isinstance(x, BaseException)]
+    return None
 
 
 def fit_trainer(trainer):
