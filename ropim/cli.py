@@ -9,6 +9,7 @@ and bad input answer at once. Other packages add subcommands through the ``ropim
 
 from __future__ import annotations
 
+import signal
 import sys
 from argparse import ArgumentError
 from importlib.metadata import entry_points
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
 
 def stop_status(err: KeyboardInterrupt) -> int:
     """The exit status of a job ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM)."""
-    return 128 + getattr(err, "signum", 2)
+    from ropim.tracking.signals import STOP
+
+    return 128 + signal.Signals[STOP.name(err)]
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ class Run:
             if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
                 end_run(self.run_id, "KILLED", self.tracking_uri)
                 how = f"; continue with: {self.resume}" if self.resume else ""
-                print(f"[run] {self.name} stopped by {getattr(exc, 'name', 'SIGINT')}: MLflow run {self.run_id} marked "
+                print(f"[run] {self.name} stopped by {STOP.name(exc)}: MLflow run {self.run_id} marked "
                       f"KILLED, its complete checkpoints kept, nothing registered{how}", file=sys.stderr, flush=True)
             elif exc_type is not None:
                 end_run(self.run_id, "FAILED", self.tracking_uri)

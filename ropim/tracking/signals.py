@@ -55,6 +55,11 @@ class StopSignals:
             signal.signal(s, self.handle)
         return True
 
+    def name(self, err: BaseException | None = None) -> str:
+        """The stop signal that ended the job: ``err``'s, else the one received (libraries that catch the
+        interrupt re-raise a plain KeyboardInterrupt), else SIGINT."""
+        return signal.Signals(getattr(err, "signum", None) or self.received or signal.SIGINT).name
+
     def restore(self) -> None:
         """Give the stop signals back to the handlers they had before ``install``."""
         if self.previous is None:
