@@ -9,6 +9,7 @@ and bad input answer at once. Other packages add subcommands through the ``ropim
 
 from __future__ import annotations
 
+import signal
 import sys
 from argparse import ArgumentError
 from importlib.metadata import entry_points
@@ -18,6 +19,7 @@ from typing import Literal
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from ropim import commands
+from ropim.config_files import parser_mode
 from ropim.console import quiet_console
 from ropim.errors import ConfigError
 
@@ -26,8 +28,9 @@ ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
 
 
 def parser_of(**kwargs) -> ArgumentParser:
-    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage."""
-    return ArgumentParser(exit_on_error=False, **kwargs)
+    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage, and reads
+    config files with ``ropim.config_files`` (an empty file is an empty config, a key given twice is refused)."""
+    return ArgumentParser(exit_on_error=False, parser_mode=parser_mode(), **kwargs)
 
 
 def one_line(err: Exception) -> str:
@@ -212,6 +215,15 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     except ArgumentError as err:
         where = "ropim" if "invalid choice" in str(err) else f"ropim {command}"
         raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
+    except KeyboardInterrupt as err:  # a stop signal: the run said how it ended (``ropim.tracking.signals``)
+        raise SystemExit(stop_status(err)) from None
+
+
+def stop_status(err: KeyboardInterrupt) -> int:
+    """The exit status of a job ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM)."""
+    from ropim.tracking.signals import STOP
+
+    return 128 + signal.Signals[STOP.name(err)]
 
 
 if __name__ == "__main__":

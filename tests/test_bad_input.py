@@ -117,6 +117,17 @@ CASES = {  # id: (argv, what the one line must name)
                                            "convert destination=s3://bucket/d (credentials removed)"),
     "credentials in sweep storage": (("sweep", "--storage-path", f"s3://AKIAEXAMPLE:{SECRET}@bucket/sweeps"),
                                      "storage_path=s3://bucket/sweeps (credentials removed)"),
+    # files cut short or damaged: one line naming the file, read on the driver before anything starts
+    "Parquet shard cut short": ((*PRE, "--data.source", "cut"), "cut/train-00001.parquet cannot be read as Parquet"),
+    "Parquet shard cut short, inspect": (("data", "inspect", "cut"), "train-00001.parquet cannot be read as Parquet"),
+    "Parquet shard cut short, sweep": (("sweep", "--data.source", "cut"), "train-00001.parquet cannot be read"),
+    "encoder weights cut short": (("finetune", "--preset", "digits_demo", "--encoder", "cut-encoder"),
+                                  "cut-encoder/encoder.safetensors cannot be read"),
+    "encoder config not JSON": (("probe", "--encoder", "bad-config-encoder"), "config.json cannot be read"),
+    # config files
+    "key given twice in a config file": ((*PRE, "--config", "twice.yaml"),
+                                         "config file twice.yaml: key 'model.rho' is given twice (lines 2 and 3)"),
+    "key given twice in a sweep config": (("sweep", "--config", "twice.yaml"), "key 'model.rho' is given twice"),
 }
 if not visible_gpus():
     CASES["GPU without a GPU"] = ((*PRE, "--use_gpu", "true"), "use_gpu=true but this machine has no visible GPU")
@@ -145,6 +156,16 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "CLF" / "config.json").write_text('{"arch": "vit_tiny_patch16_224", "num_classes": 10}')
     write_seg_fixtures(work)
     (work / "nan.yaml").write_text("base_lr: .nan\n")
+    (work / "twice.yaml").write_text("model:\n  rho: 0.2\n  rho: 0.3\n")
+    (work / "cut").mkdir()
+    shard = pa.table({"image": [b"x"], "label": pa.array([0], pa.int64()), "path": ["a"]})
+    for k in range(2):
+        pq.write_table(shard, work / "cut" / f"train-{k:05d}.parquet")
+    whole = (work / "cut" / "train-00001.parquet").read_bytes()
+    (work / "cut" / "train-00001.parquet").write_bytes(whole[: len(whole) // 2])  # a copy stopped half-way
+    weights = encoder_folder(work / "cut-encoder") / "encoder.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    (encoder_folder(work / "bad-config-encoder") / "config.json").write_text('{"arch": "vit_tiny_patch16_224", ')
     return work
 
 
@@ -206,7 +227,7 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     stores = {p for p in created if Path(p).name.startswith("mlflow-")}  # a lookup opens the sqlite store, empty
     assert created - stores == set(), created - stores  # no ray_results, no shards, nothing outside the folder
     case_of = {f"mlflow-{abs(hash(case))}.db": case for case in CASES}
-    for store_file in stores:
+    for store_file in (s for s in stores if s.endswith(".db")):  # not the stores' lock files (<store>.lock)
         from mlflow.tracking import MlflowClient
 
         store = f"sqlite:///{fixtures.parent / store_file}"

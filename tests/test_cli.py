@@ -128,3 +128,21 @@ def test_sweep_takes_the_same_flags_everywhere():
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert outputs[0].stdout == outputs[1].stdout == outputs[2].stdout
     assert "num_samples: 5" in outputs[0].stdout and "search: tpe" in outputs[0].stdout
+
+
+def test_an_empty_config_file_is_an_empty_config_and_flag_values_parse_as_before(tmp_path):
+    for text in ("", "\n\n", "# nothing here yet\n"):
+        (tmp_path / "empty.yaml").write_text(text)
+        assert load("digits_demo", "--config", str(tmp_path / "empty.yaml")) == load("digits_demo")
+    cfg = load("digits_demo", "--run_name", "", "--clip_grad", "null", "--model.rho", "0.25", "--epochs", "3")
+    assert (cfg.run_name, cfg.clip_grad, cfg.model.rho, cfg.epochs) == ("", None, 0.25, 3)
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_it_and_its_lines(tmp_path):
+    from ropim.errors import ConfigError
+
+    (tmp_path / "twice.yaml").write_text("epochs: 2\ndata:\n  source: a\n  val_fraction: 0.1\n  source: b\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: key 'data.source' is given twice \(lines 3 and 5\)"):
+        load("digits_demo", "--config", str(tmp_path / "twice.yaml"))
+    (tmp_path / "lists.yaml").write_text("epochs: 2\nmodel:\n  rho: 0.2\nseed: 1\n")  # the same name, other mappings
+    assert load("digits_demo", "--config", str(tmp_path / "lists.yaml")).model.rho == 0.2

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import default_run_name
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from tune.spaces import apply_trial, max_value, n_grid_points, validate_space
@@ -92,6 +92,13 @@ class SweepConfig:
         validate_space(self.space, self.search, self.pretrain)
         return self
 
+    def resolved(self) -> SweepConfig:
+        """The same sweep with its local paths (storage, the trials' data source) absolute (``ropim.paths``)."""
+        data = self.pretrain.get("data", {})
+        pretrain = {**self.pretrain, "data": {**data, "source": resolve_path(data["source"], ("digits",))}} \
+            if "source" in data else self.pretrain
+        return dataclasses.replace(self, pretrain=pretrain, storage_path=resolve_path(self.storage_path))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -132,19 +139,15 @@ def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float,
 def prepare(cfg: SweepConfig) -> SweepConfig:
     """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch
     at least, and validate the sweep and every value each knob can take, before Ray starts."""
+    cfg = cfg.resolved()
     pretrain = json.loads(json.dumps(cfg.pretrain))
-    source = pretrain["data"]["source"]
-    if source != "digits" and "://" not in source and not os.path.isabs(source) and os.path.exists(source):
-        pretrain["data"]["source"] = os.path.abspath(source)
     if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
         raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
     if pretrain.get("eval_every", 0) < 1:
         pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
     if cfg.metric == "linear_top1":
         pretrain["eval_linear_probe"] = True
-    storage = cfg.storage_path if "://" in cfg.storage_path else str(Path(cfg.storage_path).absolute())
-    cfg = dataclasses.replace(cfg, pretrain=pretrain, storage_path=storage,
-                              name=cfg.name or default_run_name(cfg.preset))
+    cfg = dataclasses.replace(cfg, pretrain=pretrain, name=cfg.name or default_run_name(cfg.preset))
     cfg.validate()
     base = PretrainConfig.from_dict(pretrain).validate()
     for knob, dist in cfg.space.items():

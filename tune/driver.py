@@ -16,7 +16,7 @@ from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.runtime import ray_session
 from tune.config import SweepConfig, default_concurrency, grid_seeds, prepare
-from tune.outcome import SweepResult, finish
+from tune.outcome import SweepResult, end_unfinished_trials, finish
 from tune.resources import ReleaseEndedTrials, release_all
 from tune.spaces import to_tune
 from tune.study import study_storage
@@ -26,6 +26,9 @@ from tune.trial import trial_driver
 # its config; Tune's strict check then fails the whole sweep although the missing metric is expected. Every
 # finished trial still reports the metric (the table and the registry read it from the trial rows).
 os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+# SIGINT ends a sweep as SIGTERM does (``ropim.tracking.signals``): the parent run and its unfinished trials KILLED, the
+# Tune experiment kept for ``--resume``; Tune's own SIGINT handler would instead return as if the sweep had ended.
+os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
 
@@ -77,7 +80,8 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
     params = {k: v for k, v in cfg.to_dict().items() if k != "pretrain"} | {"pretrain": cfg.pretrain}
     with open_run(experiment=cfg.experiment, name=cfg.name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=("max_concurrent",), params=params, config_artifact="sweep/config.json", uri=uri,
-                  tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset}) as run:
+                  tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
+                  resume=f"ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}") as run:
         meta = run.meta
         if run.finished:
             print(f"[sweep] {cfg.name} already finished (MLflow run {run.run_id}); best encoder "
@@ -86,7 +90,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
                                meta.get("champion", {}), meta.get("table", ""))
         print(f"[sweep] {cfg.name}: {cfg.n_trials} trials ({cfg.search}), MLflow parent run {run.run_id} at {uri}",
               flush=True)
-        with ray_session():
+        with ray_session(paths={"data.source": cfg.pretrain["data"]["source"], "storage_path": cfg.storage_path}):
             return run_trials(cfg, run, callbacks)
 
 
@@ -104,6 +108,9 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
     try:
         grid = tuner(cfg, ctx, callbacks).fit()
+    except KeyboardInterrupt:  # a stop signal: the trials' drivers die with this one, their runs end KILLED here
+        end_unfinished_trials(cfg, run.run_id, run.tracking_uri)
+        raise
     finally:  # no trial of this sweep runs now: free what stopped trials' Train runs still hold
         if freed := release_all(ctx["train_storage"]):
             print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)

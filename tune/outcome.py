@@ -91,6 +91,17 @@ def collect_rows(grid, cfg: SweepConfig, uri: str, parent_run_id: str) -> list[d
     return [row for _, row in sorted(zip(order, rows, strict=True), key=lambda x: x[0])]
 
 
+def end_unfinished_trials(cfg: SweepConfig, parent_run_id: str, uri: str) -> int:
+    """Mark the sweep's trial runs still RUNNING as KILLED (an interrupted sweep); return how many."""
+    c = store.client(uri)
+    exp = c.get_experiment_by_name(cfg.experiment)
+    running = c.search_runs([exp.experiment_id], max_results=10_000, filter_string=(
+        f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.status = 'RUNNING'"))
+    for child in running:
+        store.end_run(child.info.run_id, "KILLED", uri)
+    return len(running)
+
+
 def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) -> tuple[str, dict]:
     """Register the best trial's final encoder with its score tags; apply the champion rule."""
     from ray.train import Checkpoint
@@ -117,6 +128,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
     done = [r for r in rows if r["status"] != "unfinished"]
     if len(done) < cfg.n_trials:
         store.set_tags(parent, {"ropim.state": f"interrupted after {len(done)}/{cfg.n_trials} trials"}, uri)
+        end_unfinished_trials(cfg, parent, uri)
         run.stop()
         print(f"[sweep] {cfg.name} interrupted after {len(done)}/{cfg.n_trials} trials; continue with "
               f"`ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}`", flush=True)

@@ -3,12 +3,12 @@ heavy, so that the command line parses and validates fast; the source on disk is
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from ropim.checks import COUNT, SEED, check_fields, check_location
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 
 FORMATS = ("digits", "parquet", "cifar", "imagefolder")
 
@@ -42,7 +42,5 @@ class DataConfig:
         return self
 
     def resolved(self) -> DataConfig:
-        """The same config with a local relative path made absolute (for Ray workers in another cwd)."""
-        if self.source == "digits" or "://" in self.source:
-            return self
-        return replace(self, source=os.path.abspath(os.path.expanduser(self.source)))
+        """The same config with a local source made absolute against the working folder (``ropim.paths``)."""
+        return replace(self, source=resolve_path(self.source, ("digits",)))

@@ -38,6 +38,7 @@ from ropim.data.layout import filesystem
 from ropim.data.lists import ImageList
 from ropim.data.sources import open_source, split_list
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 
 ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encoded images
 META_KEY = b"ropim.shard"
@@ -179,7 +180,7 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     if shard_size < 1:
         raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
     check_location(dst, "convert destination")
-    cfg.validate()
+    cfg, dst = cfg.resolved().validate(), resolve_path(dst)
     if cfg.source != "digits":
         check_destination(cfg.source, dst)
     src = open_source(cfg)

@@ -29,7 +29,7 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
     Sizes come from image headers (no decoding) of up to ``sample`` images spread over both splits
     (over the first two shards of each split for Parquet, so a remote data set is not read whole).
     """
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     src = open_source(cfg)
     splits = {s: split_list(src, cfg, s, cache_files=1) for s in ("train", "val")}
     total = sum(len(v) for v in splits.values())

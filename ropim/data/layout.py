@@ -44,6 +44,17 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
 
 
+PARQUET_ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
+
+
+def unreadable_parquet(location: str, file: str, err: Exception) -> ConfigError:
+    """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
+    why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return ConfigError(f"data source {location!r}: {file} cannot be read as Parquet ({why}); it is cut short or not "
+                       "a Parquet file: write it again (`ropim data convert` rewrites a shard that is missing) or move "
+                       "it out of the data set")
+
+
 def _hidden(relpath: str) -> bool:
     return any(part.startswith((".", "_")) for part in relpath.split("/"))
 
@@ -185,6 +196,12 @@ def check_source(source: str, forced: str = "auto") -> str:
     location = source
     if fmt == "parquet":
         fs, files = parquet_files(location)
+        rows = 0
+        for f in files:  # every footer: a shard cut short fails here, before any work starts
+            try:
+                rows += pq.read_metadata(f, filesystem=fs).num_rows
+            except PARQUET_ERRORS as err:
+                raise unreadable_parquet(location, f, err) from None
         schema = pq.read_schema(files[0], filesystem=fs)
         missing = [c for c in ("image", "label") if c not in schema.names]
         if missing:
@@ -195,7 +212,7 @@ def check_source(source: str, forced: str = "auto") -> str:
             raise ConfigError(f"data source {location!r}: {files[0]}'s label column holds {label}, not integers; "
                               "labels are class indices 0..K-1 (class names go in the schema metadata or "
                               "classes.json): rewrite the shards with `ropim data convert`")
-        if not any(pq.read_metadata(f, filesystem=fs).num_rows for f in files):
+        if not rows:
             raise ConfigError(f"data source {location!r}: {len(files)} Parquet file(s) but no rows; "
                               f"the data set is empty")
     elif fmt == "imagefolder":

@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ropim.data.layout import PARQUET_ERRORS, unreadable_parquet
+
 
 class ImageList:
     """Random access to a split's images: ``labels`` (int64), ``paths``, ``classes``; ``load(i)`` → data.
@@ -76,7 +78,10 @@ class ParquetList(ImageList):
         if f not in self._cache:
             if self.cache_files is not None and len(self._cache) >= self.cache_files:
                 self._cache.pop(next(iter(self._cache)))
-            col = pq.read_table(self.files[f], columns=["image"], filesystem=self.fs)["image"]
+            try:
+                col = pq.read_table(self.files[f], columns=["image"], filesystem=self.fs)["image"]
+            except PARQUET_ERRORS as err:
+                raise unreadable_parquet(self.files[f], self.files[f], err) from None
             self._cache[f] = col.take(pa.array(self.rows[f]))
         return self._cache[f][i - int(self.offsets[f])].as_py()
 

@@ -25,12 +25,14 @@ import pyarrow.parquet as pq
 
 from ropim.data.config import DataConfig
 from ropim.data.layout import (
+    PARQUET_ERRORS,
     check_source,
     cifar_root,
     imagefolder_splits,
     parquet_files,
     parquet_split_of,
     subdirs,
+    unreadable_parquet,
     walk_images,
 )
 from ropim.data.lists import ArrayList, FileList, ImageList, ParquetList, load_digits, read_cifar, split_indices
@@ -125,8 +127,11 @@ def _parquet_list(src: Source, files: list[str], keep_val: bool | None, cfg: Dat
     """Rows of ``files`` (all, or the val/train side of the seeded fraction) as a ParquetList."""
     rows, labels, paths = [], [], []
     for f in files:
-        names = pq.read_schema(f, filesystem=src.fs).names
-        t = pq.read_table(f, columns=["label"] + (["path"] if "path" in names else []), filesystem=src.fs)
+        try:
+            names = pq.read_schema(f, filesystem=src.fs).names
+            t = pq.read_table(f, columns=["label"] + (["path"] if "path" in names else []), filesystem=src.fs)
+        except PARQUET_ERRORS as err:
+            raise unreadable_parquet(cfg.source, f, err) from None
         lab = t["label"].to_numpy(zero_copy_only=False).astype(np.int64)
         if len(lab) and (lab.min() < 0 or lab.max() >= len(src.classes)):
             raise ConfigError(f"data source {cfg.source!r}: {f} has labels {lab.min()}..{lab.max()}, outside the "

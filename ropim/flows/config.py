@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from ropim.checks import COUNT, POSITIVE, SEED, Range, check_fields, check_local_resources, check_run_name
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.segment_config import SegmentConfig
@@ -47,6 +48,11 @@ class ProbeConfig:
     def check_resources(self) -> None:
         """A GPU, when asked for, is visible."""
         check_local_resources(0, 1, self.use_gpu, False)
+
+    def resolved(self) -> ProbeConfig:
+        """The same config with its local paths (encoder folder, data source, cache) absolute (``ropim.paths``)."""
+        return dataclasses.replace(self, encoder=resolve_path(self.encoder), data=self.data.resolved(),
+                                   cache_dir=resolve_path(self.cache_dir))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +115,13 @@ class TransferConfig:
         if self.segment_list:
             self.segment.check_resources()
 
+    def resolved(self) -> TransferConfig:
+        """The same config with every local path (encoders, data sources, templates, out) absolute."""
+        return dataclasses.replace(self, encoders=",".join(resolve_path(e) for e in self.encoder_list),
+                                   data=",".join(resolve_path(d, ("digits",)) for d in self.data_list),
+                                   finetune=self.finetune.resolved(), probe=self.probe.resolved(),
+                                   out=resolve_path(self.out))
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -127,3 +140,7 @@ class DemoConfig:
         """Both parts' workers fit where they will run."""
         self.pretrain.check_resources()
         self.finetune.check_resources()
+
+    def resolved(self) -> DemoConfig:
+        """Both parts with their local paths absolute."""
+        return DemoConfig(self.pretrain.resolved(), self.finetune.resolved())

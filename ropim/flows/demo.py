@@ -26,7 +26,7 @@ from ropim.train.runtime import ray_session
 
 def run_demo(cfg: DemoConfig) -> dict[str, object]:
     """Run the whole path; print the scores of both encoders, the registered URIs and where the outputs are."""
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     check_tracking(tracking_uri())
     with ray_session(needed=cfg.finetune.num_workers > 0):  # pretrain starts its own otherwise
         return _run(cfg)

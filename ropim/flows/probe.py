@@ -77,7 +77,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
     Returns {'linear': {'top1', 'top5'}, 'knn': {'top1', 'top5'}, 'top1', 'top5' (the linear probe's), 'run_id'}.
     """
     ensure_logging()
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     tracking = tracking_uri()
     check_tracking(tracking)
     ref, state = resolve_encoder(cfg.encoder, tracking)

@@ -79,7 +79,7 @@ def format_markdown(header: list[str], body: list[list[str]]) -> str:
 
 def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     preflight(cfg)
     rows = []
     ray = (cfg.mode == "finetune" and cfg.finetune.num_workers > 0) or (cfg.segment_list and cfg.segment.num_workers)

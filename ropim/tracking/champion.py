@@ -7,10 +7,9 @@ import re
 import time
 
 import mlflow
-from mlflow.tracking import MlflowClient
 
 from ropim.tracking.names import CHAMPION
-from ropim.tracking.store import client
+from ropim.tracking.store import RetryingClient, client
 
 
 def dataset_alias(dataset: str, alias: str = CHAMPION) -> str:
@@ -21,7 +20,7 @@ def dataset_alias(dataset: str, alias: str = CHAMPION) -> str:
     return f"{alias}-{stem or 'data'}-{hashlib.sha1(dataset.encode()).hexdigest()[:6]}"
 
 
-def challenge(c: MlflowClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
+def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
                higher_is_better: bool) -> tuple[bool, str]:
     """Whether ``version`` (``metric`` = ``value`` on ``dataset``) takes ``alias``, and why (one line)."""
     try:
@@ -75,7 +74,7 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
     return decisions
 
 
-def set_alias(c: MlflowClient, name: str, alias: str, version: str, tries: int = 5) -> None:
+def set_alias(c: RetryingClient, name: str, alias: str, version: str, tries: int = 5) -> None:
     """Point ``alias`` at ``version``; retried, since the store may refuse two concurrent writes of one alias (the
     sqlite store inserts after a read and fails the unique constraint)."""
     for attempt in range(tries):
@@ -88,7 +87,7 @@ def set_alias(c: MlflowClient, name: str, alias: str, version: str, tries: int =
             time.sleep(0.05 * (attempt + 1))
 
 
-def best_version(c: MlflowClient, name: str, metric: str, dataset: str, higher_is_better: bool) -> str | None:
+def best_version(c: RetryingClient, name: str, metric: str, dataset: str, higher_is_better: bool) -> str | None:
     """The version of ``name`` with the best ``metric`` on ``dataset`` (ties: the earliest version), or None."""
     sign = 1 if higher_is_better else -1
     scored = [v for v in c.search_model_versions(f"name='{name}'")
@@ -99,7 +98,7 @@ def best_version(c: MlflowClient, name: str, metric: str, dataset: str, higher_i
     return str(max(scored, key=lambda v: (sign * float(v.tags["metric_value"]), -int(v.version))).version)
 
 
-def settle(c: MlflowClient, name: str, aliases: list[str], higher_is_better: bool, pause_s: float = 0.2,
+def settle(c: RetryingClient, name: str, aliases: list[str], higher_is_better: bool, pause_s: float = 0.2,
            max_passes: int = 20) -> None:
     """Move each alias to the best version on its holder's metric and data set until a pass changes nothing (a
     holder without score tags, set by hand, keeps its alias)."""

@@ -20,7 +20,7 @@ from mlflow.types import Schema, TensorSpec
 from ropim.errors import ConfigError
 from ropim.tracking.cards import card, first_stage
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
-from ropim.tracking.store import client, flatten, tracking_uri
+from ropim.tracking.store import client, flatten, retrying, tracking_uri
 
 if TYPE_CHECKING:
     import torch
@@ -57,17 +57,11 @@ def register_model(
         weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
         save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
         cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
-        with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
-            info = mlflow.pyfunc.log_model(
-                name=kind,
-                python_model=str(code),
-                artifacts={"weights": str(weights), "config": str(cfg_file)},
-                pip_requirements=list(requirements),
-                code_paths=[str(p) for p in code_paths] or None,
-                registered_model_name=name,
-                signature=signature(config),
-                input_example=input_example(config),
-            )
+        info = retrying(log_pyfunc)(run_id, name=kind, python_model=str(code),
+                                    artifacts={"weights": str(weights), "config": str(cfg_file)},
+                                    pip_requirements=list(requirements),
+                                    code_paths=[str(p) for p in code_paths] or None, registered_model_name=name,
+                                    signature=signature(config), input_example=input_example(config))
     version = str(info.registered_model_version)
     for k, v in flatten(config).items():
         if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
@@ -76,6 +70,12 @@ def register_model(
     c.set_model_version_tag(name, version, "run_id", run_id)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+def log_pyfunc(run_id: str, **kwargs):
+    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``."""
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+        return mlflow.pyfunc.log_model(**kwargs)
 
 
 def describe(name: str, version: str, uri: str | None = None) -> None:
@@ -160,6 +160,8 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = Path(model_uri).expanduser()
     if local.exists():
+        if local.is_dir() and all(next(local.rglob(f), None) for f in (f"{kind}.safetensors", "config.json")):
+            model_files(local, kind, model_uri)  # present: whole?
         return local
     if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
         raise FileNotFoundError(
@@ -194,19 +196,49 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
     local folder holding ``<kind>.safetensors`` + ``config.json``."""
     client(uri)
-    local = local_copy(model_uri, kind, uri)
-    weights = next(local.rglob(f"{kind}.safetensors"), None)
-    cfg_file = next(local.rglob("config.json"), None)
+    weights, cfg_file = model_files(local_copy(model_uri, kind, uri), kind, model_uri)
+    from safetensors.torch import load_file  # torch only when a model is read
+
+    return load_file(str(weights)), json.loads(cfg_file.read_text())
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file, judged from its header and size (no tensor is read), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            return f"{size:,} bytes: shorter than its header"
+        try:
+            header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return "its header is not a safetensors header"
+    return None if 8 + n + end == size else f"{size:,} bytes where its header promises {8 + n + end:,}"
+
+
+def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
+    """(``<kind>.safetensors``, ``config.json``) in ``folder``, both whole: one error naming a file missing, cut short
+    or damaged."""
+    weights, cfg_file = next(folder.rglob(f"{kind}.safetensors"), None), next(folder.rglob("config.json"), None)
     if weights is None or cfg_file is None:
-        other = next((k for k in MODEL_KINDS if k != kind and next(local.rglob(f"{k}.safetensors"), None)), None)
+        other = next((k for k in MODEL_KINDS if k != kind and next(folder.rglob(f"{k}.safetensors"), None)), None)
         if other is not None:
             raise ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the "
                               f"{kind} (models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with "
                               f"{kind}.safetensors)")
-        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {local}")
-    from safetensors.torch import load_file  # torch only when a model is read
-
-    return load_file(str(weights)), json.loads(cfg_file.read_text())
+        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
+    damaged, problem = weights, safetensors_problem(weights)
+    if problem is None:
+        try:
+            json.loads(cfg_file.read_text())
+        except (ValueError, OSError) as err:
+            damaged, problem = cfg_file, f"not JSON: {err}"
+    if problem is not None:
+        raise ConfigError(f"{kind} {model_uri}: {damaged} cannot be read ({problem}); it is cut short or damaged: "
+                          "copy or export the model again (or register it again)")
+    return weights, cfg_file
 
 
 def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:

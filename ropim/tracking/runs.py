@@ -7,14 +7,18 @@ the fields a caller declares ``resumable``), and a finished run is reported rath
     with open_run(experiment="ropim-pretrain", name=..., storage_path=..., config=cfg.to_dict()) as run:
         if run.finished:
             return ...              # nothing to do
-        ...                         # an exception marks the run FAILED (Ctrl+C: KILLED)
+        ...                         # an exception marks the run FAILED
         if stopped_early:
             run.stop()              # KILLED: a later job continues it
+
+SIGINT and SIGTERM while the run is open end it KILLED with a line saying how to continue (``resume``), whatever the
+job was doing (``ropim.tracking.signals``); a second signal exits at once.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +26,7 @@ import pyarrow.fs as pafs
 
 from ropim.errors import ConfigError
 from ropim.tracking.lock import acquire, release
+from ropim.tracking.signals import STOP
 from ropim.tracking.storage import storage_fs
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
 
@@ -68,6 +73,8 @@ class Run:
     tags: dict = field(default_factory=dict)  # the MLflow run's tags when it was opened
     outcome: str = "FINISHED"
     lock: str | None = None  # the run folder's lock this job holds (``ropim.tracking.lock``)
+    resume: str | None = None  # how to continue the run, printed when a stop signal ends it
+    signals: bool = False  # this run installed the stop-signal handlers (``ropim.tracking.signals``)
 
     def stop(self) -> None:
         """End this job's part of the run on purpose (KILLED); re-running the same name continues it."""
@@ -84,35 +91,46 @@ class Run:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is not None:
-                status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
-                end_run(self.run_id, status, self.tracking_uri)
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                end_run(self.run_id, "KILLED", self.tracking_uri)
+                how = f"; continue with: {self.resume}" if self.resume else ""
+                print(f"[run] {self.name} stopped by {STOP.name(exc)}: MLflow run {self.run_id} marked "
+                      f"KILLED, its complete checkpoints kept, nothing registered{how}", file=sys.stderr, flush=True)
+            elif exc_type is not None:
+                end_run(self.run_id, "FAILED", self.tracking_uri)
             elif not self.finished:
                 end_run(self.run_id, self.outcome, self.tracking_uri)
         finally:
             if self.lock is not None:
                 release(self.lock)
+            if self.signals:
+                STOP.restore()
 
 
 def open_run(*, experiment: str, name: str, config: dict, storage_path: str | None = None, title: str | None = None,
              resumable: tuple[str, ...] = (), tags: dict | None = None, params: dict | None = None,
              config_artifact: str | None = None, uri: str | None = None,
-             normalize: Callable[[dict], dict] | None = None, lock: bool = True) -> Run:
+             normalize: Callable[[dict], dict] | None = None, lock: bool = True, resume: str | None = None) -> Run:
     """Open run ``name``: continue the one stored under ``storage_path`` (same config but ``resumable`` fields,
     else ConfigError naming the changed fields), or create a new MLflow run named ``title`` (default ``name``)
     with ``params`` (default: ``config``) flattened, ``tags``, and the config as JSON at ``config_artifact``.
     ``normalize`` brings a stored config to the current form (fields added since get their defaults). A named run
-    is locked (``lock``) while it is open: a second job of the same name gets one clear error."""
+    is locked (``lock``) while it is open: a second job of the same name gets one clear error. From here on, on the
+    main thread, SIGINT and SIGTERM end the run KILLED and print ``resume``, the command that continues it."""
     uri = uri or tracking_uri()
-    held = acquire(storage_path, name) if storage_path is not None and lock else None
+    signals = STOP.install()
+    held = None
     try:
+        held = acquire(storage_path, name) if storage_path is not None and lock else None
         run = open_locked(experiment, name, config, storage_path, title, resumable, tags, params, config_artifact,
                           uri, normalize)
     except BaseException:
         if held is not None:
             release(held)
+        if signals:
+            STOP.restore()
         raise
-    run.lock = held
+    run.lock, run.resume, run.signals = held, resume, signals
     return run
 
 

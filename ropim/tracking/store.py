@@ -1,31 +1,90 @@
-"""The MLflow tracking store: a client on it, experiments, and the few run operations the jobs use."""
+"""The MLflow tracking store: a client on it, experiments, and the few run operations the jobs use.
+
+Any number of jobs may share one store. A local sqlite store is created and migrated once, by whichever job comes
+first, under an exclusive lock on ``<store>.lock`` (``fcntl``; the others wait, then find it ready); every call a
+client makes is retried with backoff while sqlite answers "database is locked" (another job is writing). For heavy
+concurrent use, an MLflow server on PostgreSQL (``make cluster-up``) is the store to use.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
+import random
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 
 from ropim.tracking.uri import tracking_uri
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+READY: set[str] = set()  # stores this process found created and migrated
+BUSY = ("database is locked", "database table is locked")
+RETRIES = 8  # waits of about 0.2, 0.4, … 25.6 s: a minute in all
 
 
-def client(uri: str | None = None) -> MlflowClient:
-    """A client on ``uri`` (default: ``tracking_uri()``); also makes it the process-wide URI."""
+def retrying(fn: Callable) -> Callable:
+    """``fn``, called again with exponential backoff (and jitter) while the store is busy ("database is locked")."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        for attempt in range(RETRIES + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:  # MlflowException or the SQLAlchemy error it wraps
+                if attempt == RETRIES or not any(b in str(err) for b in BUSY):
+                    raise
+                time.sleep(0.2 * 2**attempt * random.uniform(0.5, 1.5))
+
+    return call
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose every method is ``retrying``."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.client, name)
+        return retrying(attr) if callable(attr) else attr
+
+
+def prepare_store(uri: str) -> None:
+    """Create and migrate a local sqlite store once, under an exclusive lock beside it, so that jobs starting at the
+    same moment do not migrate it twice (alembic fails then); other stores are left to their server."""
+    if uri in READY or not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        c = RetryingClient(MlflowClient(tracking_uri=uri, registry_uri=uri))
+        c.search_experiments(max_results=1)  # the tracking store's tables, created or migrated
+        c.search_registered_models(max_results=1)  # the registry's
+    READY.add(uri)
+
+
+def client(uri: str | None = None) -> RetryingClient:
+    """A client on ``uri`` (default: ``tracking_uri()``), its calls ``retrying``, the store prepared
+    (``prepare_store``); also makes ``uri`` the process-wide URI."""
     uri = uri or tracking_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    prepare_store(uri)
+    return RetryingClient(MlflowClient(tracking_uri=uri, registry_uri=uri))
 
 
 def ensure_experiment(name: str, uri: str | None = None) -> str:
-    """The id of experiment ``name``, created (artifacts beside a local sqlite store) when missing."""
+    """The id of experiment ``name``, created (artifacts beside a local sqlite store) when missing; a job that
+    creates it at the same moment as another finds the other's."""
     uri = uri or tracking_uri()
     c = client(uri)
     exp = c.get_experiment_by_name(name)
@@ -34,7 +93,12 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
     location = None
     if uri.startswith("sqlite:///"):
         location = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-    return c.create_experiment(name, artifact_location=location)
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+        return c.get_experiment_by_name(name).experiment_id
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, object]:

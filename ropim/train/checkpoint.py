@@ -9,11 +9,17 @@ the run exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from ropim.errors import ConfigError
+
+Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]  # (name, a local folder), newest first
 
 
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epoch: int, step: int,
@@ -36,3 +42,22 @@ def load_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer=None, 
     if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     return state
+
+
+def restore(candidates: Candidates, model: torch.nn.Module, optimizer=None,
+            scaler=None) -> tuple[dict | None, list[str]]:
+    """Load the newest of ``candidates`` that loads (a later one fully overwrites what an unreadable one half-loaded);
+    return (its train state, or None on a fresh run; the checkpoints that could not be loaded, as "name (why)").
+    ConfigError when there were checkpoints and none loads."""
+    unreadable = []
+    for name, folder in candidates:
+        with folder as local:
+            try:
+                return load_checkpoint(local, model, optimizer, scaler), unreadable
+            except Exception as err:  # noqa: BLE001 — cut short, not safetensors, not a checkpoint: try the previous
+                why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                unreadable.append(f"{name} ({why[:200]})")
+    if unreadable:
+        raise ConfigError(f"no checkpoint of this run can be loaded: {'; '.join(unreadable)}; move them away to "
+                          "start the run over, or give a new run_name")
+    return None, unreadable

@@ -3,7 +3,8 @@ reads from it (``LoopConfig``). Imports nothing heavy, so that the command line 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import asdict, dataclass, field, replace
 
 from ropim.checks import (
     COUNT,
@@ -20,6 +21,7 @@ from ropim.checks import (
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.train.placement import check_placement
 from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
@@ -58,6 +60,13 @@ class LoopConfig:
     tf32: bool = False
     async_checkpoint: bool = False  # Ray Train: checkpoints upload while the next epoch trains (SpeedOptions)
     schedule: str = "cosine"  # after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
+
+    @classmethod
+    def of(cls, job: object, **fields) -> LoopConfig:
+        """The loop settings of a job config: each field ``job`` has under the same name (``lr`` is its peak rate,
+        ``kind`` its progress prefix), then ``fields`` (what it names otherwise, e.g. ``global_batch_size``)."""
+        shared = {f.name: getattr(job, f.name) for f in dataclasses.fields(cls) if hasattr(job, f.name)}
+        return cls(**{**shared, **fields})
 
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
@@ -164,6 +173,10 @@ class PretrainConfig(SpeedOptions):
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
         check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
+    def resolved(self) -> PretrainConfig:
+        """The same config with its local paths (data source, storage) absolute (``ropim.paths``)."""
+        return replace(self, data=self.data.resolved(), storage_path=resolve_path(self.storage_path))
+
     @property
     def lr(self) -> float:
         """Peak learning rate after the linear scaling rule."""
@@ -171,14 +184,7 @@ class PretrainConfig(SpeedOptions):
 
     def loop(self) -> LoopConfig:
         """What the training loop reads."""
-        return LoopConfig(
-            kind="pretrain", epochs=self.epochs, global_batch_size=self.global_batch_size, lr=self.lr,
-            min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
-            clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
-            stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
-            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps,
-            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32,
-            async_checkpoint=self.async_checkpoint)
+        return LoopConfig.of(self, kind="pretrain")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -264,6 +270,11 @@ class FinetuneConfig(SpeedOptions):
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
         check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
+    def resolved(self) -> FinetuneConfig:
+        """The same config with its local paths (encoder folder, data source, storage) absolute (``ropim.paths``)."""
+        return replace(self, encoder=resolve_path(self.encoder), data=self.data.resolved(),
+                       storage_path=resolve_path(self.storage_path))
+
     @property
     def lr(self) -> float:
         """Peak learning rate after the linear scaling rule."""
@@ -276,13 +287,7 @@ class FinetuneConfig(SpeedOptions):
 
     def loop(self) -> LoopConfig:
         """What the training loop reads."""
-        return LoopConfig(
-            kind=self.kind, epochs=self.epochs, global_batch_size=self.batch_size, lr=self.lr, min_lr=self.min_lr,
-            warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
-            checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
-            max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
-            max_skipped_steps=self.max_skipped_steps, compile=self.compile, channels_last=self.channels_last,
-            tf32=self.tf32, async_checkpoint=self.async_checkpoint)
+        return LoopConfig.of(self, global_batch_size=self.batch_size)
 
     def to_dict(self) -> dict:
         return asdict(self)

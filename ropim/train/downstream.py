@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ from ropim.eval.knn import knn_top1
 from ropim.eval.metrics import per_class_accuracy
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
+from ropim.tracking.runs import open_run
+from ropim.train.runtime import WorkerFn, fit, run_dir
 from ropim.viz.confusion import confusion_png
 
 log = logging.getLogger("ropim.downstream")
@@ -135,3 +138,38 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
 
         scores["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y)["top1"]
     return scores
+
+
+def train_downstream(cfg, ref: EncoderRef, tracking: str, worker_fn: WorkerFn, *, resumable: tuple[str, ...],
+                     config_artifact: str, metric: str, model_key: str, size: str,
+                     register: Callable[[str, Path], dict]) -> dict:
+    """A downstream job (fine-tune, segmentation) of a prepared ``cfg`` on the one loop: open (or continue) its
+    run, train, ``register(run_id, final checkpoint folder)`` once its last epoch is done; a finished run is reported,
+    a stopped one says how to continue. Returns the last metrics with 'run_id', 'run_name' and what ``register``
+    returns (``model_key``: the registered model's URI, also the run's tag ``ropim.<model_key>``)."""
+    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
+                  resumable=resumable, tags=run_tags(ref, cfg.kind, cfg.data),
+                  config_artifact=config_artifact, uri=tracking,
+                  normalize=lambda stored: type(cfg).from_dict(stored).resolved().to_dict(),
+                  resume=f"the same command, with --run_name {cfg.run_name}") as run:
+        if run.finished:
+            metrics = store.client(tracking).get_run(run.run_id).data.metrics
+            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): {metric} "
+                  f"{metrics.get(metric, float('nan')):.2f}%", flush=True)
+            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
+                    model_key: run.tags.get(f"ropim.{model_key}")}
+        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
+        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
+        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at {size}, MLflow run "
+              f"{run.run_id}", flush=True)
+        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
+                                 "run_dir": run_dir(cfg)}, cfg)
+        extra = {}
+        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
+            with result.checkpoint_dir() as folder:
+                extra = register(run.run_id, folder)
+        else:
+            run.stop()
+            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
+                  f"re-running with --run_name {cfg.run_name}", flush=True)
+        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}

@@ -34,7 +34,6 @@ from ropim.eval.metrics import confusion_matrix, topk_hits
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.names import default_run_name
-from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.config import FINETUNE_RESUMABLE, FinetuneConfig
 from ropim.train.downstream import (
@@ -43,11 +42,11 @@ from ropim.train.downstream import (
     dataset_name,
     eval_split,
     log_results,
-    run_tags,
     tag_version,
+    train_downstream,
 )
 from ropim.train.loop import EpochData, Worker, autocast_dtype, train
-from ropim.train.runtime import WorkerFn, fit, run_dir
+from ropim.train.runtime import WorkerFn
 from ropim.train.speed import adamw_kernels, images_to, resolve_precision
 
 log = logging.getLogger("ropim.finetune")
@@ -208,11 +207,12 @@ def register_result(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: P
 
 
 def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, EncoderRef]:
-    """Validate ``cfg`` and check the encoder against the data, before any run starts; pin the encoder."""
-    cfg.validate()
+    """Resolve ``cfg``'s paths, validate it and check the encoder against the data, before any run starts; pin the
+    encoder."""
+    cfg = cfg.resolved().validate()
     cfg.check_resources()
     ref, _ = resolve_encoder(cfg.encoder, tracking)
-    data = cfg.data.resolved()
+    data = cfg.data
     img_size = cfg.img_size or ref.config["img_size"]
     eval_split(ref, data, img_size)  # image size and channels checked against the encoder
     check_batch_fits(data, {"batch_size": cfg.batch_size})
@@ -227,28 +227,7 @@ def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[
     tracking = tracking_uri()
     check_tracking(tracking)
     cfg, ref = prepare(cfg, tracking)
-    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=FINETUNE_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
-                  config_artifact="config/finetune.json", uri=tracking,
-                  normalize=lambda stored: FinetuneConfig.from_dict(stored).to_dict()) as run:
-        if run.finished:
-            metrics = store.client(tracking).get_run(run.run_id).data.metrics
-            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): top-1 "
-                  f"{metrics.get('top1', float('nan')):.2f}%", flush=True)
-            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
-                    "classifier_uri": run.tags.get("ropim.classifier_uri")}
-        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
-        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at "
-              f"{cfg.img_size or ref.config['img_size']}px, MLflow run {run.run_id}", flush=True)
-        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
-                                 "run_dir": run_dir(cfg)}, cfg)
-        extra = {}
-        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
-            with result.checkpoint_dir() as folder:
-                extra = register_result(cfg, ref, run.run_id, folder, tracking)
-        else:
-            run.stop()
-            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
-                  f"re-running with --run_name {cfg.run_name}", flush=True)
-        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}
+    return train_downstream(cfg, ref, tracking, worker_fn, resumable=FINETUNE_RESUMABLE,
+                            config_artifact="config/finetune.json", metric="top1", model_key="classifier_uri",
+                            size=f"{cfg.img_size or ref.config['img_size']}px",
+                            register=lambda run_id, folder: register_result(cfg, ref, run_id, folder, tracking))

@@ -185,7 +185,8 @@ def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main, **trainer_kwar
     cfg, ref = prepare(cfg, tracking)
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=GRAFT_RESUMABLE, tags=run_tags(ref, "graft", cfg.data), config_artifact="config/graft.json",
-                  uri=tracking, normalize=lambda stored: GraftConfig.from_dict(stored).to_dict()) as run:
+                  uri=tracking, normalize=lambda stored: GraftConfig.from_dict(stored).resolved().to_dict(),
+                  resume=f"the same command, with --run_name {cfg.run_name}") as run:
         if run.finished:
             uri = run.meta.get("encoder_uri")
             print(f"[graft] run {cfg.run_name} already finished (MLflow run {run.run_id}); encoder {uri}", flush=True)

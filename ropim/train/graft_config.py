@@ -4,7 +4,6 @@ ViT recipe (``ropim/presets/graft/`` holds the paper's and the digits one; READM
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, replace
 
 from ropim.checks import (
@@ -18,6 +17,7 @@ from ropim.checks import (
 )
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.config import LOOP_RULES, LoopConfig, check_precision
 from ropim.train.placement import check_placement
@@ -27,13 +27,6 @@ from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
 GRAFT_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
                    "dataloader_workers", "placement_strategy", "min_workers", *SPEED_RESUMABLE)
 LGP_LOWER_SHARE = 2 / 3  # LGP's ViT-B: blocks 1-8 of 12 at the lower rate ("1.5e-5,1.5e-5,1.5e-4" over 3 thirds)
-
-
-def local_path(location: str) -> str:
-    """A local path made absolute (``~`` expanded), so that workers in another folder find it; URIs unchanged."""
-    if "://" in location or location.startswith(("models:/", "runs:/")):
-        return location
-    return os.path.abspath(os.path.expanduser(location))
 
 
 @dataclass(frozen=True)
@@ -88,8 +81,8 @@ class GraftConfig(SpeedOptions):
 
     def resolved(self) -> GraftConfig:
         """Local paths (data, an encoder folder, storage_path) made absolute against the caller's folder."""
-        return replace(self, data=self.data.resolved(), encoder=local_path(self.encoder),
-                       storage_path=local_path(self.storage_path))
+        return replace(self, data=self.data.resolved(), encoder=resolve_path(self.encoder),
+                       storage_path=resolve_path(self.storage_path))
 
     def validate(self) -> GraftConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
@@ -141,14 +134,7 @@ class GraftConfig(SpeedOptions):
 
     def loop(self) -> LoopConfig:
         """What the training loop reads."""
-        return LoopConfig(
-            kind="graft", epochs=self.epochs, global_batch_size=self.global_batch_size, lr=self.lr,
-            min_lr=self.min_lr, warmup_epochs=self.warmup_epochs, seed=self.seed, accum_steps=self.accum_steps,
-            clip_grad=self.clip_grad, precision=self.precision, checkpoint_every=self.checkpoint_every,
-            stop_after_epochs=self.stop_after_epochs, max_steps_per_epoch=self.max_steps_per_epoch,
-            eval_every=self.eval_every, log_every=self.log_every, max_skipped_steps=self.max_skipped_steps,
-            compile=self.compile, channels_last=self.channels_last, tf32=self.tf32,
-            async_checkpoint=self.async_checkpoint)
+        return LoopConfig.of(self, kind="graft")
 
     def to_dict(self) -> dict:
         return asdict(self)

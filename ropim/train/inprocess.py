@@ -35,10 +35,10 @@ class LocalWorker:
         """Complete checkpoints, oldest first (a folder is complete once renamed into place)."""
         return sorted(self.folder.glob("checkpoint_[0-9]*")) if self.folder.is_dir() else []
 
-    @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[str | None]:
-        found = self.checkpoints()
-        yield str(found[-1]) if found else None
+    def restorable(self) -> Iterator[tuple[str, contextlib.AbstractContextManager[str | Path]]]:
+        """Complete checkpoints, newest first."""
+        for path in reversed(self.checkpoints()):
+            yield str(path), contextlib.nullcontext(str(path))
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -83,14 +83,10 @@ class RemoteWorker(LocalWorker):
         return [f"{self.folder}/{n}" for n in names
                 if self.fs.get_file_info(f"{self.root}/{n}/{self.COMPLETE}").type == pafs.FileType.File]
 
-    @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[str | None]:
-        found = self.checkpoints()
-        if not found:
-            yield None
-            return
-        with downloaded(found[-1]) as d:
-            yield str(d)
+    def restorable(self) -> Iterator[tuple[str, contextlib.AbstractContextManager[str | Path]]]:
+        """Complete checkpoints, newest first, each downloaded when it is tried."""
+        for uri in reversed(self.checkpoints()):
+            yield uri, downloaded(uri)
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.metrics = metrics

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
-from ropim.train.checkpoint import load_checkpoint, save_checkpoint
+from ropim.train.checkpoint import Candidates, restore, save_checkpoint
 from ropim.train.config import LoopConfig
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.speed import resolve_precision, tf32_matmuls
@@ -78,7 +78,8 @@ class Worker(Protocol):
     world: int
     device: torch.device
 
-    def latest_checkpoint(self) -> contextlib.AbstractContextManager[str | None]: ...
+    def restorable(self) -> Candidates:
+        """The run's complete checkpoints, newest first: (name, a context giving it as a local folder)."""
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
@@ -158,12 +159,13 @@ class Loop:
             log.info(f"[{cfg.kind}] precision {cfg.precision} -> {self.precision} on {worker.device.type}")
         self.scaler = grad_scaler(self.precision)
         self.start_epoch, self.step = 0, 0
-        with worker.latest_checkpoint() as folder:
-            if folder is not None:
-                state = load_checkpoint(folder, self.model, self.optimizer, self.scaler)
-                self.start_epoch, self.step = state["epoch"] + 1, state["step"]
-                if worker.rank == 0:
-                    log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}")
+        state, unreadable = restore(worker.restorable(), self.model, self.optimizer, self.scaler)
+        if state is not None:
+            self.start_epoch, self.step = state["epoch"] + 1, state["step"]
+            if worker.rank == 0:
+                skipped = f" ({'; '.join(unreadable)} cannot be loaded: the previous complete checkpoint is used)" \
+                    if unreadable else ""
+                log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}{skipped}")
         self.ddp_model = worker.prepare(self.model)
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)

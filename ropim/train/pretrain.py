@@ -32,6 +32,7 @@ from ropim.core.model import ROPIM, encoder_spec
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
 from ropim.data.sources import check_batch_fits, count_images
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking import registry, store
 from ropim.tracking.names import default_run_name
 from ropim.tracking.runs import open_run, read_run_meta
@@ -40,7 +41,7 @@ from ropim.train.background import Background
 from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.loop import EpochData, Worker, train, worker_seed
-from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir
+from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
 from ropim.train.speed import adamw_kernels, images_to
 
 log = logging.getLogger("ropim.train")
@@ -245,10 +246,16 @@ def resume_config(run_name: str, storage_path: str = "ray_results", **resumable)
     return dataclasses.replace(PretrainConfig.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
 
 
+def resume_command(cfg: PretrainConfig) -> str:
+    """The command that continues run ``cfg.run_name``."""
+    default = cfg.storage_path == resolve_path("ray_results")
+    return f"ropim pretrain --resume {cfg.run_name}" + ("" if default else f" --storage_path {cfg.storage_path}")
+
+
 def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> PretrainResult:
     """Validate, train (or continue) the run, register the final encoder; return its URI and the run id."""
     ensure_logging()
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     cfg.check_resources()
     check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
     uri = tracking_uri()
@@ -257,7 +264,8 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=PRETRAIN_RESUMABLE, tags={"ropim.kind": "pretrain"},
                   config_artifact="config/pretrain.yaml", uri=uri,
-                  normalize=lambda stored: PretrainConfig.from_dict(stored).to_dict()) as run:
+                  normalize=lambda stored: PretrainConfig.from_dict(stored).resolved().to_dict(),
+                  resume=resume_command(cfg)) as run:
         if run.finished:  # report it; nothing is trained or registered again
             encoder_uri = run.meta.get("encoder_uri") or run.tags.get("ropim.encoder_uri")
             print(f"[pretrain] run {cfg.run_name} already finished (MLflow run {run.run_id}); encoder {encoder_uri}",
@@ -265,7 +273,7 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
             return PretrainResult(run.run_id, encoder_uri, run.meta.get("checkpoint"), run.meta.get("metrics", {}))
         where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
         print(f"[pretrain] run {cfg.run_name} {where}: MLflow run {run.run_id} at {uri}", flush=True)
-        with ray_session(needed=cfg.num_workers > 0):
+        with ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)):
             loop_config, datasets = loop_inputs(cfg, run.run_id, uri)
             result = fit(worker_fn, loop_config, cfg, datasets=datasets)
         return finish(cfg, run, result)
@@ -283,5 +291,5 @@ def finish(cfg: PretrainConfig, run, result: FitResult) -> PretrainResult:
     else:
         run.stop()
         print(f"[pretrain] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue with "
-              f"`ropim pretrain --resume {cfg.run_name}`", flush=True)
+              f"`{resume_command(cfg)}`", flush=True)
     return PretrainResult(run.run_id, encoder_uri, result.checkpoint_path, result.metrics)

@@ -10,6 +10,8 @@ import functools
 import json
 import logging
 import math
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ropim.errors import ConfigError
+from ropim.paths import cluster_note
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -25,19 +28,31 @@ WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
 
 @contextlib.contextmanager
-def ray_session(needed: bool = True) -> Iterator[None]:
+def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Iterator[None]:
     """Use this process's Ray session, or (when ``needed``) start one and shut it down on exit.
 
     ``ray.init()`` joins the cluster of a ``ray job submit`` job (RAY_ADDRESS) or starts a local one. The
     dashboard stays on: Ray Train's placement-group cleaner needs its state API to free a dead run's resources.
+    On joining a cluster of several nodes, one line names the local ``paths`` ({flag: path}) workers would open
+    there (``ropim.paths.cluster_note``). A stop signal leaves the shut-down to Ray's exit hook, so that the run
+    records its end first (``ray job stop`` kills the driver 3 s after its SIGTERM).
     """
     import ray
 
     started = needed and not ray.is_initialized()
     if started:
+        handler = signal.getsignal(signal.SIGTERM)
         ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
+        if callable(handler):  # ray.init replaces the caller's SIGTERM handler (``ropim.tracking.signals``)
+            signal.signal(signal.SIGTERM, handler)
+        note = cluster_note(paths or {}, sum(1 for n in ray.nodes() if n.get("Alive")))
+        if note:
+            print(note, flush=True)
     try:
         yield
+    except KeyboardInterrupt:
+        started = False
+        raise
     finally:
         if started:
             ray.shutdown()
@@ -69,16 +84,19 @@ class RayWorker:
         for handler in logging.getLogger().handlers:
             handler.addFilter(DropTrainReportLines())
 
-    @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[str | None]:
+    def restorable(self) -> Iterator[tuple[str, contextlib.AbstractContextManager[str | Path]]]:
+        """The run's latest committed checkpoint, then (only when it cannot be loaded) the earlier ones Ray keeps."""
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield None
+        latest = ray.train.get_checkpoint()
+        if latest is None:
             return
-        with checkpoint.as_directory() as d:
-            yield d
+        yield latest.path, latest.as_directory()
+        reported = ray.train.get_all_reported_checkpoints(
+            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=10)
+        earlier = [r for r in reported if r.checkpoint.path != latest.path]
+        for r in sorted(earlier, key=lambda r: (r.metrics or {}).get("step", 0), reverse=True):
+            yield r.checkpoint.path, r.checkpoint.as_directory()
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         import ray.train.torch
@@ -179,6 +197,12 @@ def worker_count(job: PretrainConfig | FinetuneConfig) -> int | tuple[int, int]:
     return job.num_workers
 
 
+def worker_paths(job: PretrainConfig | FinetuneConfig) -> dict[str, str]:
+    """The paths a job's workers open: {flag: path}."""
+    return {"data.source": job.data.source, "storage_path": job.storage_path,
+            **({"encoder": job.encoder} if isinstance(job, FinetuneConfig) else {})}
+
+
 def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
     """The run's folder (a URI, or an absolute local path: workers may run in another folder)."""
     storage = storage_path or job.storage_path
@@ -211,9 +235,56 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfi
             with FitResult({}, found[-1]).checkpoint_dir() as latest:
                 metrics = json.loads((latest / "metrics.json").read_text())
         return FitResult(metrics, found[-1] if found else None)
-    with ray_session():
-        result = torch_trainer(fn, loop_config, job, **trainer_kwargs).fit()
+    with ray_session(paths=worker_paths(job)):
+        try:
+            result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
+        except Exception as err:
+            bad = input_error(err)
+            if bad is None:
+                raise
+            raise bad from None  # one line, not a worker traceback: a bad file stops every restart the same way
     return FitResult(dict(result.metrics or {}), result.checkpoint)
+
+
+def input_error(err: BaseException) -> ConfigError | None:
+    """The ``ConfigError`` (a bad image under ``fail``, a shard cut short) a worker raised, found inside the error Ray
+    hands the driver (worker failures, wrapped exceptions, task causes), with a one-line message; None when the
+    failure is something else."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConfigError) and str(e) and "\n" not in str(e).strip():
+            return (type(e) if type(e).__module__.startswith("ropim.") else ConfigError)(str(e).strip())
+        inner = [e.__cause__, e.__context__, getattr(e, "cause", None), *getattr(e, "args", ()),
+                 *getattr(e, "worker_failures", {}).values()]
+        todo += [x for x in inner if isinstance(x, BaseException)]
+    return None
+
+
+def fit_trainer(trainer):
+    """``trainer.fit()``; called from the main thread, it runs in a helper thread and the main thread waits, so that
+    stop signals reach the run's handlers (``ropim.tracking.signals``): Ray Train's ``fit`` on the main thread
+    replaces the SIGINT handler with its own, which aborts the run as a crash."""
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as err:  # handed to the main thread
+            outcome["error"] = err
+
+    helper = threading.Thread(target=target, name="ropim-fit", daemon=True)
+    helper.start()
+    while helper.is_alive():
+        helper.join(0.5)  # a stop signal raises here; the workers then stop with this driver
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 

@@ -4,7 +4,6 @@ nothing heavy, so that the command line parses and validates fast."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -20,6 +19,7 @@ from ropim.checks import (
 )
 from ropim.data.seg_config import SegDataConfig
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME, DEFAULT_SEGMENTER_NAME
 from ropim.train.config import LOOP_RULES, LoopConfig, check_precision
 from ropim.train.placement import check_placement
@@ -28,13 +28,6 @@ from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
 # fields that may differ when a named run is continued; everything else must match the stored config
 SEGMENT_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",
                      "dataloader_workers", "placement_strategy", "min_workers", *SPEED_RESUMABLE)
-
-
-def local_path(path: str) -> str:
-    """A local path made absolute (``~`` expanded); a URI or ``models:/``/``runs:/`` reference unchanged."""
-    if "://" in path or path.startswith(("models:/", "runs:/")):
-        return path
-    return os.path.abspath(os.path.expanduser(path))
 
 
 @dataclass(frozen=True)
@@ -90,8 +83,8 @@ class SegmentConfig(SpeedOptions):
     def resolved(self) -> SegmentConfig:
         """Local paths (data source, encoder folder, storage) made absolute against this process's folder, for
         workers that run elsewhere; call before ``validate``."""
-        return replace(self, data=self.data.resolved(), encoder=local_path(self.encoder),
-                       storage_path=local_path(self.storage_path))
+        return replace(self, data=self.data.resolved(), encoder=resolve_path(self.encoder),
+                       storage_path=resolve_path(self.storage_path))
 
     def validate(self) -> SegmentConfig:
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work."""
@@ -132,13 +125,7 @@ class SegmentConfig(SpeedOptions):
 
     def loop(self) -> LoopConfig:
         """What the training loop reads: warm-up then poly decay, per step."""
-        return LoopConfig(
-            kind=self.kind, epochs=self.epochs, global_batch_size=self.batch_size, lr=self.lr, min_lr=self.min_lr,
-            warmup_epochs=self.warmup_epochs, seed=self.seed, clip_grad=self.clip_grad, precision=self.precision,
-            checkpoint_every=self.checkpoint_every, stop_after_epochs=self.stop_after_epochs,
-            max_steps_per_epoch=self.max_steps_per_epoch, eval_every=self.eval_every, log_every=self.log_every,
-            max_skipped_steps=self.max_skipped_steps, compile=self.compile, channels_last=self.channels_last,
-            tf32=self.tf32, async_checkpoint=self.async_checkpoint, schedule="poly")
+        return LoopConfig.of(self, global_batch_size=self.batch_size, schedule="poly")
 
     def to_dict(self) -> dict:
         return asdict(self)

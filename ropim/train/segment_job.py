@@ -23,11 +23,10 @@ from ropim.eval.segmentation import predict_logits
 from ropim.tracking import store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.names import default_run_name
-from ropim.tracking.runs import open_run
 from ropim.tracking.segmenters import register_segmenter
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.downstream import dataset_name, run_tags, tag_version
-from ropim.train.runtime import WorkerFn, fit, run_dir
+from ropim.train.downstream import dataset_name, tag_version, train_downstream
+from ropim.train.runtime import WorkerFn
 from ropim.train.segment import worker_main
 from ropim.train.segment_config import SEGMENT_RESUMABLE, SegmentConfig
 from ropim.viz.segmentation import segmentation_png
@@ -129,28 +128,7 @@ def segment(cfg: SegmentConfig, *, worker_fn: WorkerFn = worker_main) -> dict[st
     tracking = tracking_uri()
     check_tracking(tracking)
     cfg, ref = prepare(cfg, tracking)
-    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=SEGMENT_RESUMABLE, tags=run_tags(ref, cfg.kind, cfg.data),
-                  config_artifact="config/segment.json", uri=tracking,
-                  normalize=lambda stored: SegmentConfig.from_dict(stored).to_dict()) as run:
-        if run.finished:
-            metrics = store.client(tracking).get_run(run.run_id).data.metrics
-            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): mIoU "
-                  f"{metrics.get('miou', float('nan')):.2f}%", flush=True)
-            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
-                    "segmenter_uri": run.tags.get("ropim.segmenter_uri")}
-        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
-        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at "
-              f"{cfg.crop_size}px crops, MLflow run {run.run_id}", flush=True)
-        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
-                                 "run_dir": run_dir(cfg)}, cfg)
-        extra = {}
-        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
-            with result.checkpoint_dir() as folder:
-                extra = register_result(cfg, ref, run.run_id, folder, tracking)
-        else:
-            run.stop()
-            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
-                  f"re-running with --run_name {cfg.run_name}", flush=True)
-        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}
+    return train_downstream(cfg, ref, tracking, worker_fn, resumable=SEGMENT_RESUMABLE,
+                            config_artifact="config/segment.json", metric="miou", model_key="segmenter_uri",
+                            size=f"{cfg.crop_size}px crops",
+                            register=lambda run_id, folder: register_result(cfg, ref, run_id, folder, tracking))

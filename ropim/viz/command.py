@@ -97,7 +97,7 @@ def run_viz(cfg: VizConfig) -> dict[str, object]:
     ``--checkpoint``: reconstruction.png (5 columns). ``--encoder``: reconstruction.png if the run logged a
     decoder, else projection.png (3 columns: the corruption needs no weights). Always token_errors.png.
     """
-    cfg.validate()
+    cfg = cfg.resolved().validate()
     out = Path(cfg.out)
     model, data, written = None, DataConfig(), {}
     if cfg.checkpoint:

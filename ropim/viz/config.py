@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ropim.checks import COUNT, NON_NEGATIVE, SEED, Range, check_fields
 from ropim.errors import ConfigError
+from ropim.paths import resolve_path
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,8 @@ class VizConfig:
         if self.checkpoint and not Path(self.checkpoint).is_dir():
             raise ConfigError(f"checkpoint={self.checkpoint!r}: no such folder")
         return self
+
+    def resolved(self) -> VizConfig:
+        """The same config with its local paths (encoder folder, checkpoint, out) absolute (``ropim.paths``)."""
+        return replace(self, encoder=resolve_path(self.encoder), checkpoint=resolve_path(self.checkpoint),
+                       out=resolve_path(self.out))

@@ -62,3 +62,42 @@ def test_epochs_recorded_again_after_a_restart_keep_their_first_values(workdir):
     history = store.client().get_metric_history(run_id, "loss")
     assert [(h.step, h.value) for h in sorted(history, key=lambda h: h.step)] == [(1, 0.9), (2, 0.8), (3, 0.6)]
     assert [h.step for h in store.client().get_metric_history(run_id, "knn_top1")] == [2]
+
+
+def test_stop_signals_raise_once_then_a_second_signal_exits_at_once(monkeypatch):
+    import signal
+
+    from ropim.tracking.signals import STOP, Interrupted
+
+    exits = []
+
+    def exit_now(status: int):
+        exits.append(status)
+        raise SystemExit(status)
+
+    monkeypatch.setattr("ropim.tracking.signals.os._exit", exit_now)
+    before = signal.getsignal(signal.SIGTERM)
+    assert STOP.install() and not STOP.install()  # a run opened inside another keeps the outer's handlers
+    try:
+        with pytest.raises(Interrupted, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)
+        assert STOP.name() == "SIGTERM" and exits == []
+        with pytest.raises(SystemExit):
+            signal.raise_signal(signal.SIGINT)  # the second: at once, with 128 + the signal's number
+        assert exits == [128 + signal.SIGINT]
+    finally:
+        STOP.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_signal_inside_a_run_ends_it_killed_and_says_how_to_continue(workdir, capsys):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), open_run(experiment="t", name="sig", config={"a": 1}, storage_path="runs",
+                                                    resume="ropim pretrain --resume sig") as run:
+        signal.raise_signal(signal.SIGTERM)
+    assert status(run.run_id) == "KILLED"
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "sig stopped by SIGTERM" in said and said.endswith("continue with: ropim pretrain --resume sig")
+    assert signal.getsignal(signal.SIGTERM) is before and not (workdir / "runs" / "sig" / ".lock").exists()

@@ -4,6 +4,8 @@ checkpoint to exactly the uninterrupted step count, learning rates and metric hi
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +15,9 @@ from pathlib import Path
 import pytest
 from support import encoder_folder, run_cli, tiny_finetune, tiny_pretrain
 
+from ropim.data.config import DataConfig
+from ropim.data.decode import BadImageError
+from ropim.errors import ConfigError
 from ropim.tracking import store
 from ropim.train.finetune import finetune
 from ropim.train.guard import Diverged
@@ -94,3 +99,91 @@ def test_run_in_use_is_refused_and_sigkilled_job_resumes_exactly(workdir, tmp_pa
     assert c.get_run(resumed.run_id).info.status == "FINISHED"
     assert len(c.search_model_versions(f"run_id='{resumed.run_id}'")) == 1
     assert not (workdir / "ray_results" / "killed" / ".lock").exists()  # released at the end
+
+
+TERMED = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "1000",
+          "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0", "--eval_every", "0",
+          "--run_name", "termed")
+
+
+def test_sigterm_ends_the_run_killed_registers_nothing_and_the_same_command_resumes(workdir):
+    job = subprocess.Popen([sys.executable, "-m", "ropim.cli", *TERMED], cwd=workdir, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    folder = workdir / "ray_results" / "termed" / "in_process"
+    try:
+        deadline = time.time() + 300
+        while not (folder / "checkpoint_000001").exists():  # a complete checkpoint is renamed into place
+            assert job.poll() is None and time.time() < deadline, job.stderr.read()[-2000:] if job.poll() else "slow"
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)  # what `ray job stop`, Kubernetes and batch schedulers send
+        out, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "termed stopped by SIGTERM" in last and "marked KILLED" in last, err[-2000:]
+    assert "continue with: ropim pretrain --resume termed" in last
+    c = store.client()
+    run = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
+               if r.info.run_name == "termed")
+    assert run.info.status == "KILLED"
+    assert not c.search_model_versions(f"run_id='{run.info.run_id}'")
+    kept = sorted(p.name for p in folder.glob("checkpoint_*"))
+    assert kept and not (workdir / "ray_results" / "termed" / ".lock").exists()
+    resumed = run_cli(*TERMED, "--stop_after_epochs", "1", cwd=workdir)  # the same run, one more epoch
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from epoch {int(kept[-1].split('_')[1])}" in resumed.stdout + resumed.stderr
+    assert c.get_run(run.info.run_id).info.status == "KILLED"  # stopped on purpose again, same MLflow run
+
+
+def test_a_checkpoint_that_cannot_be_loaded_falls_back_to_the_previous_one(workdir, caplog):
+    cfg = tiny_pretrain(run_name="torn", num_workers=0, epochs=3)
+    pretrain(dataclasses.replace(cfg, stop_after_epochs=2))
+    folder = workdir / "ray_results" / "torn" / "in_process"
+    weights = folder / "checkpoint_000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # the disk lost its tail
+    with caplog.at_level("INFO", logger="ropim.train"):
+        result = pretrain(cfg)
+    assert result.metrics["epoch"] == 3 and result.encoder_uri is not None
+    said = [r.getMessage() for r in caplog.records if "resumed from" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("[pretrain] resumed from epoch 1, step 3 (")
+    assert "checkpoint_000002 (" in said[0] and "the previous complete checkpoint is used" in said[0]
+
+    gone = dataclasses.replace(cfg, run_name="gone", stop_after_epochs=1)
+    pretrain(gone)
+    (workdir / "ray_results" / "gone" / "in_process" / "checkpoint_000001" / "train_state.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="no checkpoint of this run can be loaded: .*gone/in_process/checkpoint_0+1 "):
+        pretrain(gone)  # none left that loads: one clear error, nothing trained
+
+
+def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdir, ray_session):
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    images = [png() if i % 4 else b"\x89PNG\r\n\x1a\n cut" for i in range(40)]  # every 4th is not an image
+    (workdir / "bytes").mkdir()
+    pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
+                             "path": [f"img{i}.png" for i in range(40)]}), workdir / "bytes" / "train-00000.parquet")
+    cfg = tiny_pretrain(run_name="undecodable", num_workers=2, epochs=1, max_steps_per_epoch=None, max_failures=0,
+                        global_batch_size=8, data=DataConfig(source="bytes", on_bad_image="fail", val_fraction=0.01))
+    with pytest.raises(BadImageError) as raised:
+        pretrain(cfg)
+    message = str(raised.value)
+    named = re.match(r"img(\d+)\.png: cannot decode image", message)
+    assert "\n" not in message and named and int(named[1]) % 4 == 0, message
+    assert "data.on_bad_image=skip" in message
+    c = store.client()
+    run = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
+               if r.info.run_name == "undecodable")
+    assert run.info.status == "FAILED" and not c.search_model_versions(f"run_id='{run.info.run_id}'")

@@ -291,3 +291,34 @@ def test_segmentation_objective_trains_upernet_on_each_trials_encoder(ray_sessio
     assert seg_run.info.status == "FINISHED" and seg_run.data.metrics["miou"] == pytest.approx(row["segment_miou"])
     assert seg_run.data.tags["ropim.encoder_uri"] == f"runs:/{row['mlflow_run']}/encoder"
     assert "segment_miou (%) by rho" in r.table
+
+
+def test_sigterm_ends_a_sweep_and_its_trial_killed_and_keeps_it_resumable(ray_session, workdir):
+    import subprocess
+    import sys
+    import time
+
+    args = ["sweep", "--space", '{"rho": {"grid": [0.25]}}', *TINY, "--epochs", "1000", "--max_steps_per_epoch", "1",
+            "--name", "termed", "--no-register"]
+    job = subprocess.Popen([sys.executable, "-m", "ropim.cli", *args], cwd=workdir, text=True,
+                           env={**os.environ, "RAY_ADDRESS": ray_session}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 300
+        while not list(workdir.glob("ray_results/termed/train/*/checkpoint_manager_snapshot.json")):  # committed
+            assert job.poll() is None and time.time() < deadline, job.stderr.read()[-3000:] if job.poll() else "slow"
+            time.sleep(0.5)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
+    said = [line for line in err.splitlines() if "stopped by" in line]  # Ray may log the trial's end after it
+    assert len(said) == 1 and "termed stopped by SIGTERM" in said[0], err[-3000:]
+    assert "continue with: ropim sweep --resume termed" in said[0]
+    c = store.client()
+    runs = c.search_runs([c.get_experiment_by_name("ropim-sweep").experiment_id],
+                         filter_string="tags.`ropim.sweep` = 'termed'")
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED"}  # the parent and its trial
+    assert not c.search_model_versions(f"run_id='{runs[0].info.run_id}'")
+    assert ray.tune.Tuner.can_restore(str(workdir / "ray_results" / "termed"))  # `--resume termed` continues it

@@ -1,0 +1,47 @@
+"""Paths mean what the user typed: every path a command takes is resolved once, on the driver, before anything starts.
+
+``resolve_path`` expands ``~`` and joins a relative path to the caller's working folder; it does not follow symbolic
+links (the absolute path still goes through them, so a link keeps pointing where the user pointed it). URIs
+(``s3://…``, ``gs://…``, ``file://…``, ``models:/…``, ``runs:/…``) and keywords (``digits``) are left as they are.
+Every config that holds paths has a ``resolved()`` built on it, and every command calls it once where it starts, so
+Ray Train workers, Tune trials and a resumed job (each possibly in another folder) read the same files.
+
+A local path reaches only the machines that see it: ``cluster_note`` words the one line a job prints when it runs on a
+Ray cluster of several nodes with local paths. Standard library only: configs call this at parse time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://, gs://, file://, models:/, runs:/ (not C:\ or a:b)
+
+
+def is_uri(location: str) -> bool:
+    """Whether ``location`` is a URI rather than a local path."""
+    return bool(SCHEME.match(location))
+
+
+def resolve_path(path: str | None, keywords: tuple[str, ...] = ()) -> str | None:
+    """``path`` as an absolute local path (``~`` expanded, joined to the working folder, links kept), or unchanged
+    when it is None, empty, a URI or one of ``keywords``."""
+    if not path or path in keywords or is_uri(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def local_paths(paths: dict[str, str | None]) -> dict[str, str]:
+    """The entries of ``paths`` ({field: resolved path}) that are local paths."""
+    return {k: v for k, v in paths.items() if v and os.path.isabs(v)}
+
+
+def cluster_note(paths: dict[str, str | None], nodes: int) -> str | None:
+    """The one line to print when workers may run on ``nodes`` > 1 machines and some of ``paths`` are local."""
+    local = local_paths(paths)
+    if nodes < 2 or not local:
+        return None
+    named = ", ".join(f"{k}={v}" for k, v in local.items())
+    what = "is a local path" if len(local) == 1 else "are local paths"
+    return (f"note: this Ray cluster has {nodes} nodes and {named} {what}: workers on other nodes open the same path "
+            "there, so it must be on storage mounted at that path on every node (NFS), or give a URI (s3://…)")

@@ -1,0 +1,72 @@
+"""Stop signals: SIGINT (Ctrl+C) and SIGTERM (``kill``, ``ray job stop``, Kubernetes, batch schedulers) end a job's run
+as KILLED — never as a crash, never left RUNNING.
+
+While a run is open (``ropim.tracking.runs.open_run``) the process's main thread handles both: the first signal
+raises ``Interrupted`` (a ``KeyboardInterrupt``) there, which unwinds the job — Ray Train workers stop with their
+driver, checkpoints already complete stay, nothing is registered — to ``Run.__exit__``, which marks the run KILLED
+and prints how to continue it. A second signal exits at once (status 128 + the signal's number), recording nothing
+more. Libraries that replace the handlers while they run (``ray.init`` for SIGTERM, Ray Train's ``fit`` on the main
+thread for SIGINT) are kept from doing so by their callers (``ropim.train.runtime``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal reached the job's driver."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class StopSignals:
+    """The handlers of this process while a run is open: the first stop signal raises, a second exits at once."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, object] | None = None
+        self.received: int | None = None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)  # a second signal: at once, as the user asked
+        self.received = signum
+        raise Interrupted(signum)
+
+    def install(self) -> bool:
+        """Handle the stop signals from now on; False (nothing done) off the main thread or when already handling
+        them (a run opened inside another)."""
+        if threading.current_thread() is not threading.main_thread() or self.previous is not None:
+            return False
+        self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        self.received = None
+        for s in STOP_SIGNALS:
+            signal.signal(s, self.handle)
+        return True
+
+    def name(self, err: BaseException | None = None) -> str:
+        """The stop signal that ended the job: ``err``'s, else the one received (libraries that catch the
+        interrupt re-raise a plain KeyboardInterrupt), else SIGINT."""
+        return signal.Signals(getattr(err, "signum", None) or self.received or signal.SIGINT).name
+
+    def restore(self) -> None:
+        """Give the stop signals back to the handlers they had before ``install``."""
+        if self.previous is None:
+            return
+        for s, previous in self.previous.items():
+            signal.signal(s, previous)
+        self.previous = None
+
+
+STOP = StopSignals()  # one per process: signals are process-wide

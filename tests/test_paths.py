@@ -1,0 +1,94 @@
+"""Paths mean what the user typed: a relative data path (through a symbolic link) pretrains on 2 Ray workers, which
+run in another folder; ``~`` and relative paths are resolved once, on the driver, and stored resolved, so a resumed
+run finds them; URIs and keywords are left alone; a local path on a multi-node cluster gets one note."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from support import run_cli, tiny_pretrain
+
+from ropim.commands import config
+from ropim.data.config import DataConfig
+from ropim.paths import cluster_note, resolve_path
+from ropim.tracking import registry, store
+from ropim.train.pretrain import pretrain
+
+
+def image_folder(root: Path, per_class: int = 24) -> Path:
+    """A two-class ImageFolder of small random PNGs."""
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_resolve_path_joins_the_working_folder_expands_home_and_keeps_links(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert resolve_path("link/x") == str(tmp_path / "link" / "x")  # through the link, not its target
+    assert resolve_path("../up") == str(tmp_path.parent / "up")
+    assert resolve_path("~/data") == str(tmp_path / "home" / "data")
+    assert resolve_path("shards/*.parquet") == str(tmp_path / "shards" / "*.parquet")
+    for kept in ("s3://bucket/x", "gs://b/y", "file:///abs", "models:/ropim-encoder@champion", "runs:/abc/encoder",
+                 "/abs/path", "", None):
+        assert resolve_path(kept) == kept
+    assert resolve_path("digits", ("digits",)) == "digits"
+
+
+def test_cluster_note_names_local_paths_only_on_several_nodes():
+    paths = {"data.source": "/data/imgs", "storage_path": "s3://b/runs", "encoder": "models:/e/1"}
+    assert cluster_note(paths, nodes=1) is None
+    assert cluster_note({"data.source": "digits", "storage_path": "s3://b/r"}, nodes=3) is None
+    note = cluster_note(paths, nodes=3)
+    assert "3 nodes" in note and "data.source=/data/imgs is a local path" in note and "s3://b/runs" not in note
+
+
+def test_relative_data_path_through_a_link_pretrains_on_two_ray_workers(workdir, ray_session):
+    image_folder(workdir / "imgs")
+    os.symlink("imgs", workdir / "link")  # a relative link, read by workers that run in another folder
+    cfg = tiny_pretrain(run_name="relative", num_workers=2, epochs=1, max_steps_per_epoch=2,
+                        data=DataConfig(source="link"), storage_path="runs")
+    result = pretrain(cfg)
+    assert result.encoder_uri is not None and result.metrics["epoch"] == 1
+    meta = json.loads((workdir / "runs" / "relative" / "ropim_run.json").read_text())
+    assert meta["config"]["data"]["source"] == str(workdir / "link")  # stored resolved, the link kept
+    assert meta["config"]["storage_path"] == str(workdir / "runs")
+    name, version = registry.resolve_version(result.encoder_uri)
+    assert store.client().get_model_version(name, version).tags["dataset"] == str(workdir / "link")
+
+
+def test_cli_relative_and_home_paths_in_process_resume_from_the_same_folder(workdir):
+    image_folder(workdir / "home" / "pics")
+    flags = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "2",
+             "--global_batch_size", "16", "--max_steps_per_epoch", "2", "--viz_every", "0", "--eval_every", "0",
+             "--data.source", "~/pics", "--storage_path", "my-runs", "--run_name", "home")
+    env = {"HOME": str(workdir / "home")}
+    first = run_cli(*flags, "--stop_after_epochs", "1", cwd=workdir, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "ropim pretrain --resume home" in first.stdout
+    stored = json.loads((workdir / "my-runs" / "home" / "ropim_run.json").read_text())["config"]
+    assert stored["data"]["source"] == str(workdir / "home" / "pics")
+    second = run_cli(*flags, cwd=workdir, env=env)  # the same command continues the run
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed from epoch 1" in second.stdout + second.stderr and "models:/ropim-encoder/" in second.stdout
+
+
+def test_paths_in_a_config_file_mean_the_working_folder_not_the_file_folder(workdir):
+    from ropim.cli import build_parser
+    from ropim.train.config import PretrainConfig
+
+    (workdir / "cfgs").mkdir(exist_ok=True)
+    (workdir / "cfgs" / "c.yaml").write_text("storage_path: out\ndata:\n  source: imgs\n")
+    parser, _ = build_parser()
+    ns = parser.instantiate(parser.parse_args(["pretrain", "--config", "cfgs/c.yaml"]))["pretrain"]
+    cfg = config(ns, PretrainConfig).resolved()
+    assert (cfg.data.source, cfg.storage_path) == (str(workdir / "imgs"), str(workdir / "out"))
