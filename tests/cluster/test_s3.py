@@ -82,7 +82,9 @@ def test_pretrain_from_s3_to_s3_on_two_nodes(ingest, ropim, digits, s3_server, m
             "--placement_strategy", "SPREAD")
     if ingest == "torch":  # one epoch, stop; the same command continues from the checkpoint in the bucket
         first = ropim("pretrain", *args, "--stop_after_epochs", "1")
-        assert f"stopped after epoch 1/2; continue with `ropim pretrain --resume {name}`" in first.stdout
+        # a run outside the default ray_results is continued by naming its storage too
+        assert f"stopped after epoch 1/2; continue with `ropim pretrain --resume {name} --storage_path {runs}`" \
+            in first.stdout
         run = run_named(mlflow_server, "ropim-pretrain", name)
         assert run.info.status == "KILLED" and loss_steps(mlflow_server, run.info.run_id) == [1]
     done = ropim("pretrain", *args)
