@@ -4,10 +4,11 @@ steady img/s (the median epoch) and the registered encoder's kNN / linear-probe 
 that speed is read beside quality (a setting that changes the numbers shows it here).
 
 A setting is ``2w`` (the preset: 2 Ray Train workers × 1 CPU), ``1w`` (1 Ray Train worker × all CPUs) or ``inproc``
-(``num_workers 0``: this process, torch's threads), with ``+fused`` (AdamW's fused kernel) and ``+compile``
-(torch.compile, inductor) as modifiers. Table on stdout, JSON in ``bench/results/demo_speed.json``.
+(``num_workers 0``: this process, torch's threads), with ``+fused`` (AdamW's fused kernel), ``+compile``
+(torch.compile, inductor), ``+fp32`` and ``+bf16`` (precision instead of the preset's ``auto``) as modifiers.
+Table on stdout, JSON in ``bench/results/demo_speed.json``.
 
-    PYTHONPATH=. python bench/demo_speed.py --settings 2w 2w+fused 1w 1w+fused inproc+fused
+    PYTHONPATH=. python bench/demo_speed.py --settings 2w+fp32 2w 1w inproc 2w+fused
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 
 from ropim.data.config import DataConfig
 from ropim.train.config import PretrainConfig
+from ropim.train.speed import cpu_features
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PRESET = Path(__file__).resolve().parents[1] / "ropim" / "presets" / "pretrain" / "digits_demo.yaml"
@@ -41,6 +43,7 @@ def setting_config(setting: str, epochs: int | None, storage: str) -> PretrainCo
     return PretrainConfig.from_dict({
         **cfg.to_dict(), "num_workers": workers[0], "cpus_per_worker": workers[1],
         "adamw": "fused" if "fused" in mods else "default", "compile": "compile" in mods,
+        "precision": next((m for m in mods if m in ("fp32", "bf16")), cfg.precision),
         "epochs": epochs or cfg.epochs, "storage_path": storage, "run_name": setting.replace("+", "-"),
         "registered_model": "demo-speed-bench"})
 
@@ -59,7 +62,8 @@ def run_setting(setting: str, args: argparse.Namespace, storage: str) -> dict:
     encoder, enc_cfg = load_encoder(result.encoder_uri)
     scores = frozen_scores(encoder, enc_cfg["img_size"], DataConfig())
     row = dict(setting=setting, num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker, adamw=cfg.adamw,
-               compile=cfg.compile, epochs=cfg.epochs, wall_s=wall, img_per_s_median=statistics.median(rates),
+               compile=cfg.compile, precision=cfg.precision, epochs=cfg.epochs, wall_s=wall,
+               img_per_s_median=statistics.median(rates),
                final_loss=result.metrics["loss"], **scores)
     print(f"  {setting}: {wall:.0f} s, {row['img_per_s_median']:.1f} img/s, loss {row['final_loss']:.4f}, kNN "
           f"{scores['knn_top1']:.2f}, linear {scores['linear_top1']:.2f}", flush=True)
@@ -68,7 +72,7 @@ def run_setting(setting: str, args: argparse.Namespace, storage: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--settings", nargs="+", default=["2w", "2w+fused", "1w", "1w+fused", "inproc+fused"])
+    ap.add_argument("--settings", nargs="+", default=["2w+fp32", "2w", "1w", "inproc", "2w+fused"])
     ap.add_argument("--epochs", type=int, default=None, help="default: the preset's")
     ap.add_argument("--out", type=Path, default=RESULTS / "demo_speed.json")
     args = ap.parse_args(argv)
@@ -88,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = dict(benchmark="demo_speed", what="digits_demo pretraining: Ray start -> registered encoder",
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   command=shlex.join(["python", "bench/demo_speed.py", *(sys.argv[1:] if argv is None else argv)]),
-                  cpus=os.cpu_count(), load_avg_end=list(os.getloadavg()), wall_s=time.perf_counter() - t0, rows=rows)
+                  cpus=os.cpu_count(), cpu=cpu_features(), load_avg_end=list(os.getloadavg()),
+                  wall_s=time.perf_counter() - t0, rows=rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import shlex
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from timm.optim import create_optimizer_v2
 
 from ropim.core.config import ModelConfig
 from ropim.core.model import ROPIM
+from ropim.train.speed import resolve_precision
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CORRUPTIONS = ("rop", "mask", "none")
@@ -46,8 +46,9 @@ def model_config(args: argparse.Namespace, img_size: int, corruption: str) -> Mo
                        depth=args.depth, corruption=corruption)
 
 
-def train_step_fn(cfg: ModelConfig, batch: int):
-    """A closure running one training step of a fresh model (same initial weights for every corruption)."""
+def train_step_fn(cfg: ModelConfig, batch: int, precision: str = "fp32"):
+    """A closure running one training step of a fresh model (same initial weights for every corruption), under
+    ``precision``'s autocast (fp32: none)."""
     torch.manual_seed(0)
     model = ROPIM(cfg).train()
     opt = create_optimizer_v2(model, "adamw", lr=1e-4, weight_decay=0.05, betas=(0.9, 0.95))
@@ -55,7 +56,9 @@ def train_step_fn(cfg: ModelConfig, batch: int):
     gen = torch.Generator().manual_seed(1)
 
     def step() -> None:
-        loss = model(imgs, corruption=model.draw_corruption(batch, gen))[0]
+        corruption = model.draw_corruption(batch, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = model(imgs, corruption=corruption)[0]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -81,7 +84,7 @@ def peak_rss_mib(args: argparse.Namespace, img_size: int, corruption: str, batch
     if args.no_memory:
         return {"peak_rss_mib": None, "step_mib": None}
     probe = [sys.executable, __file__, "--memory-probe", str(img_size), corruption, str(batch), "--arch", args.arch,
-             "--backbone", args.backbone, "--patch-size", str(args.patch_size)]
+             "--backbone", args.backbone, "--patch-size", str(args.patch_size), "--precision", args.precision]
     if args.depth:
         probe += ["--depth", str(args.depth)]
     done = subprocess.run(probe, capture_output=True, text=True, check=True, env=os.environ)
@@ -111,7 +114,7 @@ def sweep(args: argparse.Namespace, sizes: list[tuple[int, int]]) -> list[dict]:
     """Rows for every (image size, batch) in ``sizes``."""
     rows = []
     for img_size, batch in sizes:
-        steps = {c: train_step_fn(model_config(args, img_size, c), batch) for c in CORRUPTIONS}
+        steps = {c: train_step_fn(model_config(args, img_size, c), batch, args.precision) for c in CORRUPTIONS}
         print(f"  N={(img_size // args.patch_size) ** 2} (img {img_size}) batch {batch} ...", flush=True)
         rows += row(args, img_size, batch, time_interleaved(steps, args.warmup, args.repeats))
     return rows
@@ -141,17 +144,27 @@ def workers_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def fits(rows: list[dict]) -> dict:
-    """Log-log slope of ms/step against N (batch fixed) per corruption, a·N + b·N² for rop, and Π's share slope."""
+    """Per corruption: the log-log slope of ms/step against N (batch fixed) between successive sizes and over all,
+    and ms/step = c + a·N + b·N² with non-negative c, a, b (per-step overhead, per-token work, attention's N²), fitted
+    in relative error;
+    the log-log slope of Π's share."""
+    from scipy.optimize import nnls
+
     out = {}
     for c in CORRUPTIONS:
         pts = sorted((r["n_tokens"], r["ms_per_step"]) for r in rows if r["corruption"] == c)
         n, ms = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
-        if len(n) >= 2:
-            out[f"{c}_loglog_slope"] = float(np.polyfit(np.log(n), np.log(ms), 1)[0])
-        if c == "rop" and len(n) >= 2:
-            (a, b), *_ = np.linalg.lstsq(np.stack([n, n ** 2], 1), ms, rcond=None)
-            out |= {"rop_ms_per_token": float(a), "rop_ms_per_token2": float(b),
-                    "rop_n_where_quadratic_equals_linear": float(a / b) if b > 0 else None}
+        if len(n) < 2:
+            continue
+        out[f"{c}_loglog_slope"] = float(np.polyfit(np.log(n), np.log(ms), 1)[0])
+        out[f"{c}_local_slopes"] = {f"{int(n[i])}-{int(n[i + 1])}": float(np.log(ms[i + 1] / ms[i]) /
+                                                                         np.log(n[i + 1] / n[i]))
+                                    for i in range(len(n) - 1)}
+        if len(n) >= 3:
+            basis = np.stack([np.ones_like(n), n, n ** 2], 1)
+            (c0, a, b), _ = nnls(basis / ms[:, None], np.ones_like(ms))  # relative error: every size counts
+            out[f"{c}_fit_ms"] = {"per_step": float(c0), "per_token": float(a), "per_token2": float(b),
+                                  "n_where_n2_equals_n": float(a / b) if b > 0 else None}
     share = sorted((r["n_tokens"], r["pi_share"]) for r in rows if r["pi_share"])
     if len(share) >= 2:
         out["pi_share_loglog_slope"] = float(np.polyfit(np.log([s[0] for s in share]),
@@ -165,22 +178,32 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, ax = plt.subplots(1, 4, figsize=(19, 4.2))
     for c in CORRUPTIONS:
         pts = sorted((r["n_tokens"], r["ms_per_step"]) for r in report["tokens"] if r["corruption"] == c)
         ax[0].loglog(*zip(*pts, strict=True), "o-", label=c)
         pts = sorted((r["batch"], r["img_per_s"]) for r in report["batches"] if r["corruption"] == c)
         ax[2].semilogx(*zip(*pts, strict=True), "o-", label=c)
+        pts = sorted((r["n_tokens"], r["step_mib"]) for r in report["tokens"] if r["corruption"] == c
+                     and r["step_mib"] is not None)
+        if pts:
+            ax[3].loglog(*zip(*pts, strict=True), "o-", label=c)
+    fit = report["fits"].get("rop_fit_ms")
+    if fit:
+        n = np.geomspace(min(r["n_tokens"] for r in report["tokens"]), max(r["n_tokens"] for r in report["tokens"]))
+        ax[0].loglog(n, fit["per_step"] + fit["per_token"] * n + fit["per_token2"] * n ** 2, "k:",
+                     label="rop fit: c + aN + bN²")
     share = sorted((r["n_tokens"], 100 * r["pi_share"]) for r in report["tokens"] if r["pi_share"])
     ax[1].semilogx(*zip(*share, strict=True), "o-", color="C0")
     ax[0].set(xlabel="tokens N", ylabel="ms / step", title=f"step time (batch {report['token_batch']})")
+    ax[3].set(xlabel="tokens N", ylabel="MiB", title="peak memory of a step over the built model")
     ax[1].set(xlabel="tokens N", ylabel="% of the rop step", title="draw + Π + (I−Π), forward + backward")
     ax[2].set(xlabel="batch", ylabel="img / s", title=f"throughput at N={report['batch_tokens']}")
     for a in ax:
         a.grid(True, which="both", alpha=0.3)
     ax[0].legend()
     fig.suptitle(f"ROPIM step cost, {report['arch']} {report['backbone']} depth {report['depth']}, "
-                 f"{report['threads']} threads, {report['cpu']}")
+                 f"{report['precision']}, {report['threads']} threads, {report['cpu']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -197,18 +220,26 @@ def print_tables(report: dict) -> None:
     for r in report["workers"]:
         print(f"workers {r['workers']} × {r['threads_per_worker']} threads, N={r['n_tokens']}: {r['img_per_s']:.1f} "
               f"img/s (data wait {100 * r['data_wait_share']:.1f}%)")
-    print("fits:", json.dumps(report["fits"], indent=None))
+    print("fits:", json.dumps(report["fits"], indent=1))
+
+
+def rss_mib(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak since the last reset) of this process, MiB (Linux ``/proc``)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
 
 
 def memory_probe(args: argparse.Namespace) -> None:
-    """``--memory-probe IMG CORRUPTION BATCH``: print the peak RSS (MiB) before and after two steps in this
-    fresh process."""
+    """``--memory-probe IMG CORRUPTION BATCH``: print the resident memory (MiB) with the model and optimizer built,
+    and the peak over two steps. The peak is reset first (``/proc/self/clear_refs``): a forked process starts with
+    its parent's high-water mark, which ``getrusage``'s ``ru_maxrss`` keeps."""
     img_size, corruption, batch = int(args.memory_probe[0]), args.memory_probe[1], int(args.memory_probe[2])
-    step = train_step_fn(model_config(args, img_size, corruption), batch)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    step = train_step_fn(model_config(args, img_size, corruption), batch, args.precision)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = rss_mib("VmRSS")
     step()
     step()
-    print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(before, rss_mib("VmHWM"))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -225,14 +256,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="Ray Train worker counts ([] skips)")
     ap.add_argument("--worker-sizes", type=int, nargs="+", default=[64, 224])
     ap.add_argument("--worker-batch", type=int, default=16)
-    ap.add_argument("--worker-steps", type=int, default=10, help="steps per epoch of the workers' job")
+    ap.add_argument("--worker-steps", type=int, default=20, help="steps per epoch of the workers' job")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-memory", action="store_true", help="skip the per-configuration memory processes")
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="the step's autocast; auto: what training picks on this CPU (ropim.train.speed)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes: depth 1, patch 8, seconds")
     ap.add_argument("--out", type=Path, default=RESULTS / "scaling.json")
     ap.add_argument("--memory-probe", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--replot", action="store_true", help="refit, print and plot --out's measurements; no timing")
     args = ap.parse_args(argv)
+    args.precision = resolve_precision(args.precision, torch.device("cpu"))
     if args.tiny:
         args.depth, args.patch_size, args.img_sizes, args.batches, args.batch_img = 1, 8, [16, 32], [1, 2], 16
         args.worker_sizes, args.worker_batch, args.worker_steps, args.repeats = [16], 4, 2, 2
@@ -252,12 +287,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.memory_probe:
         memory_probe(args)
         return {}
+    if args.replot:
+        report = json.loads(args.out.read_text())
+        report["fits"] = fits(report["tokens"])
+        return finish(report, args.out)
     t0 = time.perf_counter()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}", flush=True)
     tokens = sweep(args, [(s, args.token_batch) for s in args.img_sizes])
     batches = sweep(args, [(args.batch_img, b) for b in args.batches])
     report = dict(benchmark="scaling", step="draw corruption, forward, backward, AdamW step", arch=args.arch,
-                  backbone=args.backbone, depth=args.depth or 12, patch_size=args.patch_size,
+                  backbone=args.backbone, depth=args.depth or 12, patch_size=args.patch_size, precision=args.precision,
                   token_batch=args.token_batch, batch_tokens=(args.batch_img // args.patch_size) ** 2,
                   threads=torch.get_num_threads(), cpu=cpu_name(), torch=torch.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -265,11 +304,16 @@ def main(argv: list[str] | None = None) -> dict:
                   tokens=tokens, batches=batches, workers=workers_rows(args) if args.workers else [],
                   fits=fits(tokens))
     report["wall_s"], report["load_avg_end"] = time.perf_counter() - t0, list(os.getloadavg())
+    return finish(report, args.out)
+
+
+def finish(report: dict, out: Path) -> dict:
+    """Print the tables, write the JSON and the plot."""
     print_tables(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    plot(report, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')} ({report['wall_s']:.0f} s)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} (measured in {report['wall_s']:.0f} s)")
     return report
 
 
