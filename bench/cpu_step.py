@@ -13,6 +13,7 @@ steps (torch.profiler): where bf16 spends its time on this CPU. The CPU's model 
 recorded. Table on stdout, JSON in ``bench/results/cpu_step.json``.
 
     PYTHONPATH=. python bench/cpu_step.py [--shapes demo cifar t224] [--official PATH/TO/ROPIM] [--profile]
+    ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=. python bench/cpu_step.py ...   # as on a CPU without native bf16
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   command=shlex.join(["python", "bench/cpu_step.py", *(sys.argv[1:] if argv is None else argv)]),
                   official=bool(args.official), warmup=args.warmup, repeats=args.repeats,
+                  onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),  # set: oneDNN limited to that ISA
                   wall_s=time.perf_counter() - t0, load_avg_end=list(os.getloadavg()), shapes=shapes)
     report["command"] = report["command"].replace(str(args.official), "PATH/TO/ROPIM") if args.official else \
         report["command"]
