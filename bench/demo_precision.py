@@ -1,13 +1,16 @@
 """The demo's table under each precision, over seeds: ``ropim demo`` (pretraining on 2 Ray workers, kNN, linear probe
 and the 10-epoch fine-tune of the ROPIM encoder and of a random-init one) run as a user runs it, once per
-(precision, seed), each in a fresh scratch folder with its own MLflow store. The precision is set for the
-pretraining and both fine-tunes (``--pretrain.precision`` / ``--finetune.precision``); the seed for both
-(``--pretrain.seed`` / ``--finetune.seed``). Prints every cell's table row and wall time, then mean ± std per
-precision, and the per-seed difference of each score from ``fp32``: whether the faster default keeps the quality.
+(precision, seed), each in a fresh scratch folder with its own MLflow store. A precision ``P`` is set for the
+pretraining and both fine-tunes (``--pretrain.precision`` / ``--finetune.precision``), ``P/F`` sets ``P`` for the
+pretraining and ``F`` for the fine-tunes; the seed is set for both (``--pretrain.seed`` / ``--finetune.seed``).
+Prints every cell's table row and wall time, then mean ± std per precision, and keeps the per-seed difference of
+each score from the first precision: whether the faster default keeps the quality.
 
     PYTHONPATH=. python bench/demo_precision.py --precisions fp32 auto --seeds 0 1 2
+    PYTHONPATH=. python bench/demo_precision.py --precisions fp32 auto/fp32 \
+        --out bench/results/demo_precision_default.json
 
-JSON in ``bench/results/demo_precision.json``.
+JSON in ``bench/results/demo_precision.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def parse_table(stdout: str) -> dict[str, dict[str, float]]:
 
 def run_cell(precision: str, seed: int) -> dict:
     """One ``ropim demo`` in a scratch folder."""
-    args = [sys.executable, "-m", "ropim.cli", "demo", "--pretrain.precision", precision, "--finetune.precision",
-            precision, "--pretrain.seed", str(seed), "--finetune.seed", str(seed)]
+    pre, _, fine = precision.partition("/")
+    args = [sys.executable, "-m", "ropim.cli", "demo", "--pretrain.precision", pre, "--finetune.precision",
+            fine or pre, "--pretrain.seed", str(seed), "--finetune.seed", str(seed)]
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the scratch folder's store
         t0 = time.perf_counter()
@@ -59,7 +63,8 @@ def run_cell(precision: str, seed: int) -> dict:
     table = parse_table(done.stdout)
     print(f"  {precision} seed {seed}: {wall:.0f} s  ROPIM " + " / ".join(f"{table['ropim'][s]:.2f}" for s in SCORES)
           + "  random " + " / ".join(f"{table['random'][s]:.2f}" for s in SCORES), flush=True)
-    return dict(precision=precision, resolved=resolve_precision(precision, torch.device("cpu")),
+    resolved = "/".join(resolve_precision(p, torch.device("cpu")) for p in (pre, fine or pre))
+    return dict(precision=precision, resolved=resolved,
                 seed=seed, wall_s=wall, **table)
 
 
