@@ -24,9 +24,8 @@ from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.train.placement import check_placement
-from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
+from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions, check_precision
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 INGESTS = ("torch", "ray_data")
 # Fields that may differ when a named run is continued; everything else must match the stored config.
 PRETRAIN_RESUMABLE = ("num_workers", "use_gpu", "stop_after_epochs", "max_failures", "log_every", "cpus_per_worker",
@@ -96,14 +95,6 @@ LOOP_RULES = {
 }
 
 
-def check_precision(precision: str, use_gpu: bool) -> None:
-    """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and not use_gpu:
-        raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
-
-
 @dataclass(frozen=True)
 class PretrainConfig(SpeedOptions):
     """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
@@ -119,8 +110,8 @@ class PretrainConfig(SpeedOptions):
     weight_decay: float = 0.05
     beta2: float = 0.95
     clip_grad: float | None = 5.0  # max gradient norm (the paper's 5.0); None = no clipping
-    # auto (bf16 on CPUs with native bf16, else fp32) | fp32 | bf16 | fp16 (GPU only); bf16 pretraining kept the
-    # demo's scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)
+    # auto (bf16 on native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16 (GPU); bf16 pretraining kept the demo's
+    # scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)
     precision: str = "auto"
     num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
     use_gpu: bool = False

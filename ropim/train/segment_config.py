@@ -21,9 +21,9 @@ from ropim.data.seg_config import SegDataConfig
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME, DEFAULT_SEGMENTER_NAME
-from ropim.train.config import LOOP_RULES, LoopConfig, check_precision
+from ropim.train.config import LOOP_RULES, LoopConfig
 from ropim.train.placement import check_placement
-from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions
+from ropim.train.speed_options import SPEED_RESUMABLE, SpeedOptions, check_precision
 
 # fields that may differ when a named run is continued; everything else must match the stored config
 SEGMENT_RESUMABLE = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs", "max_failures", "log_every",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ropim.errors import ConfigError
 
 ADAMW_KERNELS = ("default", "foreach", "fused")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # may change when a named run is continued
 SPEED_RESUMABLE = ("compile", "channels_last", "tf32", "pin_memory", "async_checkpoint")
 
@@ -33,3 +34,11 @@ class SpeedOptions:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be true or false")
         if self.adamw not in ADAMW_KERNELS:
             raise ConfigError(f"adamw={self.adamw!r}: choose one of {', '.join(ADAMW_KERNELS)}")
+
+
+def check_precision(precision: str, use_gpu: bool) -> None:
+    """Raise ConfigError for an unknown precision, or fp16 (which needs CUDA's grad scaler) without a GPU."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and not use_gpu:
+        raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
