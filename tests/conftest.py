@@ -27,11 +27,15 @@ def workdir(tmp_path_factory, request):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One 2-CPU Ray session for the whole test run, with the dashboard (as ``ropim.train.runtime.ray_session``
-    starts it); yields its address, for fresh processes to join through RAY_ADDRESS. Jobs hand their workers the
-    tracking URI and absolute paths, so one session serves every module's working directory."""
+    """One 2-CPU Ray session for the whole test run, with the dashboard and workers at the driver's priority (as
+    ``ropim.train.runtime.ray_session`` starts it); yields its address, for fresh processes to join through
+    RAY_ADDRESS. Jobs hand their workers the tracking URI and absolute paths, so one session serves every module's
+    working directory."""
     import ray
 
+    from ropim.train.niceness import even_worker_priority
+
+    even_worker_priority()
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -23,6 +23,7 @@ from ropim.paths import cluster_note
 from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
+from ropim.train.niceness import even_worker_priority
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -42,6 +43,7 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
     started = needed and not ray.is_initialized()
     if started:
         handler = signal.getsignal(signal.SIGTERM)
+        even_worker_priority()  # a local cluster's workers at this process's priority, not Ray's nice 15
         ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
         if callable(handler):  # ray.init replaces the caller's SIGTERM handler (``ropim.tracking.signals``)
             signal.signal(signal.SIGTERM, handler)
