@@ -55,9 +55,9 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
 def test_two_worker_pretrain_is_reproducible_on_a_busy_machine(pretrained):
     """The same seeded 2-worker run again, while another process keeps a core busy with matmuls: bit for bit the
     same final weights (each worker's data order, augmentation and sketches come from (seed, epoch or step, rank),
-    its threads from cpus_per_worker). One busy core, not two: with every core taken by another process, Ray itself
-    takes minutes to start its workers on a 2-core machine (measured: 24 s idle, 34 s beside one busy core, 350 s
-    beside two), which says nothing more about reproducibility."""
+    its threads from cpus_per_worker). One busy core, not two: while Ray ran its workers at nice 15 the test took
+    24 s idle, 34 s beside one busy core and 350 s beside two (``ropim.train.niceness`` fixed the cause); a second
+    busy core would only slow the test, not test more."""
     cfg, first = pretrained
     busy = "import torch\ntorch.set_num_threads(1)\nwhile True: torch.randn(400, 400) @ torch.randn(400, 400)"
     burner = subprocess.Popen([sys.executable, "-c", busy])
