@@ -19,17 +19,15 @@ recorded. Table on stdout, JSON in ``bench/results/cpu_step.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
-import json
 import os
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from record import provenance, write_json  # bench/, beside this file
 from timm.optim import create_optimizer_v2
 
 from ropim.core.config import ModelConfig
@@ -191,15 +189,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                for o in ops[:5]))
     report = dict(benchmark="cpu_step", step="draw corruption, forward, backward, clip 5.0, AdamW step",
                   cpu=features, torch=torch.__version__, threads=torch.get_num_threads(),
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=shlex.join(["python", "bench/cpu_step.py", *(sys.argv[1:] if argv is None else argv)]),
+                  **provenance("bench/cpu_step.py", argv, t0),
                   official=bool(args.official), warmup=args.warmup, repeats=args.repeats,
                   onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),  # set: oneDNN limited to that ISA
-                  wall_s=time.perf_counter() - t0, load_avg_end=list(os.getloadavg()), shapes=shapes)
+                  shapes=shapes)
     report["command"] = report["command"].replace(str(args.official), "PATH/TO/ROPIM") if args.official else \
         report["command"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(report, args.out)
     print(f"wrote {args.out} ({report['wall_s']:.0f} s)")
     return report
 

@@ -16,11 +16,8 @@ JSON in ``bench/results/demo_precision.json`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -29,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import provenance, write_json  # bench/, beside this file
 
 from ropim.train.speed import cpu_features, resolve_precision
 
@@ -105,12 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
                             for s in SCORES)
             print(f"{p:<10} {enc:<7} {cols} {stats[f'{p}.wall_s']:7.0f}")
     report = dict(benchmark="demo_precision", what="ropim demo (2 Ray workers pretraining, kNN, probe, fine-tunes)",
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=shlex.join(["python", "bench/demo_precision.py", *(sys.argv[1:] if argv is None else argv)]),
-                  cpu=cpu_features(), cpus=os.cpu_count(), load_avg_end=list(os.getloadavg()),
-                  wall_s=time.perf_counter() - t0, cells=cells, summary=stats)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+                  **provenance("bench/demo_precision.py", argv, t0), cpu=cpu_features(), cpus=os.cpu_count(),
+                  cells=cells, summary=stats)
+    write_json(report, args.out)
     print(f"wrote {args.out}")
     return report
 

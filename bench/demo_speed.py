@@ -14,17 +14,14 @@ Table on stdout, JSON in ``bench/results/demo_speed.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+from record import provenance, write_json  # bench/, beside this file
 
 from ropim.data.config import DataConfig
 from ropim.train.config import PretrainConfig
@@ -90,12 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['setting']:<16} {r['wall_s']:7.0f} {r['x_first']:10.2f} {r['img_per_s_median']:8.1f} "
               f"{r['final_loss']:8.4f} {r['knn_top1']:7.2f} {r['linear_top1']:7.2f}")
     report = dict(benchmark="demo_speed", what="digits_demo pretraining: Ray start -> registered encoder",
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=shlex.join(["python", "bench/demo_speed.py", *(sys.argv[1:] if argv is None else argv)]),
-                  cpus=os.cpu_count(), cpu=cpu_features(), load_avg_end=list(os.getloadavg()),
-                  wall_s=time.perf_counter() - t0, rows=rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+                  **provenance("bench/demo_speed.py", argv, t0), cpus=os.cpu_count(), cpu=cpu_features(),
+                  rows=rows)
+    write_json(report, args.out)
     print(f"wrote {args.out}")
     return report
 

@@ -16,11 +16,9 @@ workers) and reads its steady epoch rate. Table on stdout; JSON and PNG plot in 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -30,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rop_overhead import time_ops  # bench/, beside this file
+from record import provenance, write_json  # bench/, beside this file
+from rop_overhead import time_ops
 from timm.optim import create_optimizer_v2
 
 from ropim.core.config import ModelConfig
@@ -299,19 +298,15 @@ def main(argv: list[str] | None = None) -> dict:
                   backbone=args.backbone, depth=args.depth or 12, patch_size=args.patch_size, precision=args.precision,
                   token_batch=args.token_batch, batch_tokens=(args.batch_img // args.patch_size) ** 2,
                   threads=torch.get_num_threads(), cpu=cpu_name(), torch=torch.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=shlex.join(["python", "bench/scaling.py", *(sys.argv[1:] if argv is None else argv)]),
                   tokens=tokens, batches=batches, workers=workers_rows(args) if args.workers else [],
                   fits=fits(tokens))
-    report["wall_s"], report["load_avg_end"] = time.perf_counter() - t0, list(os.getloadavg())
-    return finish(report, args.out)
+    return finish({**report, **provenance("bench/scaling.py", argv, t0)}, args.out)
 
 
 def finish(report: dict, out: Path) -> dict:
     """Print the tables, write the JSON and the plot."""
     print_tables(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_json(report, out)
     plot(report, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')} (measured in {report['wall_s']:.0f} s)")
     return report
