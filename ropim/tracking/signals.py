@@ -5,15 +5,19 @@ While a run is open (``ropim.tracking.runs.open_run``) the process's main thread
 raises ``Interrupted`` (a ``KeyboardInterrupt``) there, which unwinds the job — Ray Train workers stop with their
 driver, checkpoints already complete stay, nothing is registered — to ``Run.__exit__``, which marks the run KILLED
 and prints how to continue it. A second signal exits at once (status 128 + the signal's number), recording nothing
-more. Libraries that replace the handlers while they run (``ray.init`` for SIGTERM, Ray Train's ``fit`` on the main
-thread for SIGINT) are kept from doing so by their callers (``ropim.train.runtime``).
+more. A first signal that arrives during a call on the tracking store (``deferred``) is raised when the call returns,
+so that a write is never cut in half (an interrupted sqlite commit keeps the store locked, and the run could not be
+marked KILLED). Libraries that replace the handlers while they run (``ray.init`` for SIGTERM, Ray Train's ``fit``
+on the main thread for SIGINT) are kept from doing so by their callers (``ropim.train.runtime``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,12 +41,33 @@ class StopSignals:
     def __init__(self) -> None:
         self.previous: dict[int, object] | None = None
         self.received: int | None = None
+        self.depth = 0  # the main thread's open ``deferred`` blocks
+        self.held = False  # a signal arrived inside one: raised when the outermost ends
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             os._exit(128 + signum)  # a second signal: at once, as the user asked
         self.received = signum
+        if self.depth:
+            self.held = True
+            return
         raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Run the block whole: a first stop signal that arrives on the main thread inside it is raised as it ends
+        (a second still exits at once). Other threads are never interrupted: there the block runs as it is."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and self.held:
+                self.held = False
+                raise Interrupted(self.received)
 
     def install(self) -> bool:
         """Handle the stop signals from now on; False (nothing done) off the main thread or when already handling
@@ -50,7 +75,7 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread() or self.previous is not None:
             return False
         self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-        self.received = None
+        self.received, self.held = None, False
         for s in STOP_SIGNALS:
             signal.signal(s, self.handle)
         return True

@@ -8,6 +8,7 @@ concurrent use, an MLflow server on PostgreSQL (``make cluster-up``) is the stor
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import os
@@ -23,6 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 
+from ropim.tracking.signals import STOP
 from ropim.tracking.uri import tracking_uri
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -31,14 +33,16 @@ BUSY = ("database is locked", "database table is locked")
 RETRIES = 8  # waits of about 0.2, 0.4, … 25.6 s: a minute in all
 
 
-def retrying(fn: Callable) -> Callable:
-    """``fn``, called again with exponential backoff (and jitter) while the store is busy ("database is locked")."""
+def retrying(fn: Callable, whole: bool = False) -> Callable:
+    """``fn``, called again with exponential backoff (and jitter) while the store is busy ("database is locked");
+    ``whole``: each attempt runs to its end before a stop signal is raised (``STOP.deferred``)."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         for attempt in range(RETRIES + 1):
             try:
-                return fn(*args, **kwargs)
+                with STOP.deferred() if whole else contextlib.nullcontext():
+                    return fn(*args, **kwargs)
             except Exception as err:  # MlflowException or the SQLAlchemy error it wraps
                 if attempt == RETRIES or not any(b in str(err) for b in BUSY):
                     raise
@@ -48,14 +52,15 @@ def retrying(fn: Callable) -> Callable:
 
 
 class RetryingClient:
-    """An ``MlflowClient`` whose every method is ``retrying``."""
+    """An ``MlflowClient`` whose every method is ``retrying``, and runs whole when a stop signal arrives (a Ctrl+C
+    or SIGTERM in the middle of a sqlite commit would leave the store locked for the rest of the job)."""
 
     def __init__(self, client: MlflowClient) -> None:
         self.client = client
 
     def __getattr__(self, name: str):
         attr = getattr(self.client, name)
-        return retrying(attr) if callable(attr) else attr
+        return retrying(attr, whole=True) if callable(attr) else attr
 
 
 def prepare_store(uri: str) -> None:

@@ -90,6 +90,34 @@ def test_stop_signals_raise_once_then_a_second_signal_exits_at_once(monkeypatch)
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_stop_signal_during_a_store_call_is_raised_when_the_call_has_written(workdir, capsys):
+    """Ctrl+C or SIGTERM in the middle of an MLflow write: the write ends whole, then the job stops; the run is
+    marked KILLED at once (an interrupted sqlite commit kept the store locked: marking the run took minutes)."""
+    import signal
+
+    from ropim.tracking.signals import Interrupted
+
+    class HalfWay:
+        """A client whose write receives SIGTERM half-way through."""
+
+        def __init__(self):
+            self.done = []
+
+        def log_batch(self, run_id, metrics=()):
+            self.done.append("begun")
+            signal.raise_signal(signal.SIGTERM)
+            self.done.append("written")
+            return "ok"
+
+    writer = HalfWay()
+    with pytest.raises(Interrupted, match="SIGTERM"), open_run(experiment="t", name="half", config={"a": 1},
+                                                              storage_path="runs") as run:
+        store.RetryingClient(writer).log_batch(run.run_id)
+    assert writer.done == ["begun", "written"]  # not cut in half
+    assert status(run.run_id) == "KILLED"
+    assert "half stopped by SIGTERM" in capsys.readouterr().err
+
+
 def test_a_stop_signal_inside_a_run_ends_it_killed_and_says_how_to_continue(workdir, capsys):
     import signal
 
