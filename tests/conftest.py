@@ -14,10 +14,25 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory):
+    """An empty sqlite MLflow store, its tables created and migrated once for the whole test run (a second each);
+    the jobs that create a store themselves are tested where that matters (test_shared_store, the bad-input
+    catalogue, the CLI tests in fresh folders)."""
+    from ropim.tracking.store import prepare_store
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    prepare_store(f"sqlite:///{db}")
+    return db
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, request):
-    """A working directory with its own sqlite MLflow store, shared by the module."""
+def workdir(tmp_path_factory, request, empty_store):
+    """A working directory with its own sqlite MLflow store (a copy of ``empty_store``), shared by the module."""
+    import shutil
+
     d = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2].removeprefix("test_"))
+    shutil.copyfile(empty_store, d / "mlflow.db")
     patch = pytest.MonkeyPatch()
     patch.chdir(d)
     patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{d / 'mlflow.db'}")

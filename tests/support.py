@@ -57,6 +57,52 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+# The body of ``run_cli_forked``'s parent: imports ``ropim.cli`` once (what ``python -m ropim.cli`` imports before it
+# parses), then runs each case as ``python -m ropim.cli ARGV`` in a child forked from it, a few at a time.
+FORKING = r"""
+import json, os, runpy, sys
+import ropim.cli
+del sys.modules["ropim.cli"]  # what it imports stays; runpy runs the module itself as __main__
+
+cases, cwd, out, parallel = json.loads(sys.stdin.read())
+running, status = {}, {}
+for i, (argv, env) in enumerate(cases):
+    if len(running) == parallel:
+        pid, st = os.wait()
+        status[running.pop(pid)] = os.waitstatus_to_exitcode(st)
+    pid = os.fork()
+    if pid == 0:  # the child: a user's `ropim ARGV` in `cwd`, its output to two files
+        os.chdir(cwd)
+        os.environ.update(env)
+        for fd, name in ((1, "out"), (2, "err")):
+            os.dup2(os.open(f"{out}/{i}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = ["ropim", *argv]
+        runpy.run_module("ropim.cli", run_name="__main__", alter_sys=True)
+        sys.exit(0)
+    running[pid] = i
+while running:
+    pid, st = os.wait()
+    status[running.pop(pid)] = os.waitstatus_to_exitcode(st)
+print(json.dumps(status))
+"""
+
+
+def run_cli_forked(cases: list[tuple[list[str], dict]], cwd: Path, parallel: int = 4,
+                   timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """``ropim ARGV`` for each (argv, extra env) of ``cases``, each in its own process, forked from one that has
+    imported ``ropim.cli`` (what a user sees, without an interpreter start per case; ``run_cli`` starts one)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:  # outside ``cwd``: the cases' folders stay as the cases left them
+        proc = subprocess.run([sys.executable, "-c", FORKING], input=json.dumps([cases, str(cwd), out, parallel]),
+                              capture_output=True, text=True, env=os.environ.copy(), timeout=timeout)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        status = json.loads(proc.stdout.splitlines()[-1])
+        return [subprocess.CompletedProcess(["ropim", *argv], status[str(i)], Path(f"{out}/{i}.out").read_text(),
+                                            Path(f"{out}/{i}.err").read_text()) for i, (argv, _) in enumerate(cases)]
+
+
 def register_tiny_encoder(workdir: Path) -> tuple[str, Path]:
     """A tiny encoder registered as ``ropim-encoder`` (alias 'champion' on version 1); also kept as a local folder."""
     from safetensors.torch import load_file

@@ -4,14 +4,13 @@ writes nothing — no MLflow run, no registered version, no ``ray_results/``, no
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from support import encoder_folder, run_cli
+from support import encoder_folder, run_cli_forked
 
 from ropim.checks import visible_gpus
 
@@ -149,7 +148,7 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "range").mkdir()
     table = pa.table({"image": [b"x", b"y"], "label": pa.array([0, 5], pa.int64()), "path": ["a", "b"]})
     pq.write_table(table.replace_schema_metadata({b"classes": b'["a", "b", "c"]'}), work / "range" / "train-0.parquet")
-    (work / "ENC").mkdir()
+    encoder_folder(work / "ENC")  # a whole encoder: each case has one bad input
     encoder_folder(work / "GENC")
     (work / "CLF").mkdir()  # a fine-tuned classifier's folder: classifier weights + config
     (work / "CLF" / "classifier.safetensors").write_bytes(b"")
@@ -207,14 +206,12 @@ def written(work: Path) -> set[str]:
 def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtures):
     before = written(fixtures)
 
-    def run(case: str):
-        argv, _ = CASES[case]
-        env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9" if case == "unreachable MLflow" else
-               f"sqlite:///{fixtures}/mlflow-{abs(hash(case))}.db"}
-        return run_cli(*argv, cwd=fixtures, env=env, timeout=120)
+    def env(case: str) -> dict:
+        return {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9" if case == "unreachable MLflow" else
+                f"sqlite:///{fixtures}/mlflow-{abs(hash(case))}.db"}
 
-    with ThreadPoolExecutor(4) as pool:
-        results = dict(zip(CASES, pool.map(run, CASES), strict=True))
+    procs = run_cli_forked([(list(argv), env(case)) for case, (argv, _) in CASES.items()], cwd=fixtures)
+    results = dict(zip(CASES, procs, strict=True))
     assert len(CASES) >= 40
     wrong = {}
     for case, proc in results.items():

@@ -160,8 +160,8 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = Path(model_uri).expanduser()
     if local.exists():
-        if local.is_dir() and all(next(local.rglob(f), None) for f in (f"{kind}.safetensors", "config.json")):
-            model_files(local, kind, model_uri)  # present: whole?
+        if local.is_dir():
+            model_files(local, kind, model_uri)  # the files of a ``kind``, whole
         return local
     if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
         raise FileNotFoundError(
@@ -195,7 +195,6 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
                                                                                           dict]:
     """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
     local folder holding ``<kind>.safetensors`` + ``config.json``."""
-    client(uri)
     weights, cfg_file = model_files(local_copy(model_uri, kind, uri), kind, model_uri)
     from safetensors.torch import load_file  # torch only when a model is read
 
