@@ -27,7 +27,7 @@ def encoder(workdir):
 def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
     uri, _ = encoder
     with caplog.at_level(logging.INFO, logger="ropim"):
-        res = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats")))
+        res = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats"), linear_max_iter=200))
     assert "from a 8x8 to a 12x12 grid" in caplog.text
     assert res["linear"]["top1"] > 25 and res["knn"]["top1"] > 25  # 10 classes: chance is 10
     c = store.client()
@@ -36,7 +36,7 @@ def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
     assert tags["downstream.digits.knn_top1"] == f"{res['knn']['top1']:.2f}"
     assert {"linear_confusion.png", "knn_confusion.png"} <= {a.path for a in c.list_artifacts(res["run_id"])}
     assert len(list((workdir / "feats").glob("features-*.safetensors"))) == 1
-    again = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats")))
+    again = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats"), linear_max_iter=200))
     assert again["linear"]["top1"] == res["linear"]["top1"]  # same cached features, same seeded probe
 
 
