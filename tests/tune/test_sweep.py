@@ -78,7 +78,8 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
         main(["--preset", "nope"])
     with pytest.raises(SystemExit, match="--resume ghost: no sweep"):
         main(["--resume", "ghost"])
-    assert not (workdir / "ray_results").exists() and not (workdir / "mlflow.db").exists()  # nothing started
+    assert not (workdir / "ray_results").exists()  # nothing started, nothing tracked:
+    assert [e.name for e in store.client().search_experiments()] == ["Default"]
 
 
 def test_linear_probe_objective(workdir):
