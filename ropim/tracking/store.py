@@ -8,7 +8,6 @@ concurrent use, an MLflow server on PostgreSQL (``make cluster-up``) is the stor
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import os
@@ -33,16 +32,14 @@ BUSY = ("database is locked", "database table is locked")
 RETRIES = 8  # waits of about 0.2, 0.4, … 25.6 s: a minute in all
 
 
-def retrying(fn: Callable, whole: bool = False) -> Callable:
-    """``fn``, called again with exponential backoff (and jitter) while the store is busy ("database is locked");
-    ``whole``: each attempt runs to its end before a stop signal is raised (``STOP.deferred``)."""
+def retrying(fn: Callable) -> Callable:
+    """``fn``, called again with exponential backoff (and jitter) while the store is busy ("database is locked")."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         for attempt in range(RETRIES + 1):
             try:
-                with STOP.deferred() if whole else contextlib.nullcontext():
-                    return fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             except Exception as err:  # MlflowException or the SQLAlchemy error it wraps
                 if attempt == RETRIES or not any(b in str(err) for b in BUSY):
                     raise
@@ -60,7 +57,7 @@ class RetryingClient:
 
     def __getattr__(self, name: str):
         attr = getattr(self.client, name)
-        return retrying(attr, whole=True) if callable(attr) else attr
+        return retrying(STOP.deferred()(attr)) if callable(attr) else attr  # each attempt whole
 
 
 def prepare_store(uri: str) -> None:
