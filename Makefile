@@ -6,7 +6,7 @@ PYTHON ?= python3
 # pip prints one "Location ... is ignored" line per package for this machine's local indexes; hide them.
 QUIET_PIP := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-cluster lint bench cluster-up cluster-down cluster-status clean
+.PHONY: demo test test-faults test-cluster lint bench cluster-up cluster-down cluster-status clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(VENV)/.installed
 
 test: lint
 	$(VENV)/bin/pytest
+
+# the jobs and sweeps killed or stopped mid-run (marker `faults`: SIGTERM, SIGKILL, a Ray worker's death, a sweep
+# stopped and resumed, a busy core), on the one-machine Ray session of `make test`; `make test` leaves them out
+test-faults: $(VENV)/.installed
+	$(VENV)/bin/pytest -m faults
 
 # the cluster tests (tests/cluster, marker `cluster`): an S3 server, MLflow servers, a Ray cluster of a head and two
 # worker nodes, and `make cluster-up`'s locked-down head + MLflow server, all on this machine; `make test` leaves them

@@ -61,32 +61,41 @@ def run_data(ns: Namespace) -> None:
         print(format_summary(inspect_source(cfg, args.sample)))
 
 
-def preflight(cfg, encoders: list[str] = ()):
+def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict], None] | None = None):
     """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
-    imported; return ``cfg``."""
-    from ropim.tracking.uri import check_tracking, tracking_uri
+    imported; ``check_encoder(uri, config)`` then reads the config of each one that is a local folder. Return
+    ``cfg``."""
+    from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
 
     cfg.validate()
     cfg.check_resources()
     check_tracking(tracking_uri())
+    for uri in encoders:
+        check_model_in_store(uri, "encoder", tracking_uri())  # before MLflow is imported
     if encoders:
-        from ropim.tracking.registry import check_model_uri
+        import json
+
+        from ropim.tracking.registry import check_model_uri, model_files
 
         for uri in encoders:
-            check_model_uri(uri)
+            folder = check_model_uri(uri)
+            if folder is not None and folder.is_dir() and check_encoder is not None:
+                check_encoder(uri, json.loads(model_files(folder, "encoder", uri)[1].read_text()))
     return cfg
 
 
 def run_models(ns: Namespace) -> None:
     """``ropim models list|show``."""
-    from ropim.tracking.uri import check_tracking, tracking_uri
+    from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
 
     if ns.action is None:
         raise ConfigError("ropim models: choose list or show (see `ropim models --help`)")
     check_tracking(tracking_uri())
+    args = ns[ns.action]
+    if ns.action == "show":
+        check_model_in_store(args.uri, "encoder", tracking_uri())  # before MLflow is imported
     from ropim.tracking import catalog
 
-    args = ns[ns.action]
     print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))
 
 
@@ -127,7 +136,7 @@ def run_graft(ns: Namespace) -> None:
     from ropim.train.graft_config import GraftConfig
 
     cfg = config(ns, GraftConfig).resolved()
-    preflight(cfg, [cfg.encoder])
+    preflight(cfg, [cfg.encoder], cfg.check_encoder)
     check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
     from ropim.train.graft import graft
 
@@ -139,7 +148,7 @@ def run_segment(ns: Namespace) -> None:
     from ropim.train.segment_config import SegmentConfig
 
     cfg = config(ns, SegmentConfig).resolved()
-    preflight(cfg, [cfg.encoder])  # random init too: the encoder gives the architecture
+    preflight(cfg, [cfg.encoder], cfg.check_encoder)  # random init too: the encoder gives the architecture
     from ropim.train.segment_job import segment
 
     metrics = segment(cfg)

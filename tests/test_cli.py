@@ -77,23 +77,25 @@ def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
 
 
 def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
-    """`ropim --help`, `ropim pretrain --help`, config errors (a sweep's too) and a training split smaller than a
-    batch answer without the heavy libraries (a Parquet split is counted with pyarrow; the built-in digits are
-    resized with torch, so the split check uses files here)."""
+    """`ropim --help`, `ropim pretrain --help`, config errors (a sweep's too), a training split smaller than a batch
+    (Parquet counted with pyarrow, the built-in digits from their labels) and a registered encoder looked up in a
+    store that does not exist yet answer without the heavy libraries; an encoder folder that does not fit a graft or
+    a segmentation is refused from its config.json, without torch, timm or Ray."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from support import encoder_folder
+
+    from ropim.core.config import ModelConfig
 
     shards = tmp_path / "shards"
     shards.mkdir()
     pq.write_table(pa.table({"image": [b"x"] * 100, "label": pa.array([0, 1] * 50, pa.int64()),
                              "path": [f"{i}.png" for i in range(100)]}), shards / "part-0.parquet")
-    script = f"""
+    encoder_folder(tmp_path / "enc8", ModelConfig(img_size=32, patch_size=8, depth=1))
+    script = """
 import sys
 from ropim.cli import main
-for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
-             ["sweep", "--space", '{{"rho": {{"grid": [0.1, 1.5]}}}}'], ["sweep", "--name", "../x"],
-             ["pretrain", "--data.source", "{shards}", "--global_batch_size", "4096"],
-             ["sweep", "--data.source", "{shards}", "--metric", "finetune_top1", "--finetune.batch_size", "4096"]):
+for argv in ARGVS:
     try:
         main(argv)
     except SystemExit as err:
@@ -101,10 +103,31 @@ for argv in (["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain
 heavy = sorted(m for m in ("torch", "ray", "mlflow", "timm") if m in sys.modules)
 print("HEAVY", heavy)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (" in proc.stdout
-    assert "EXIT ropim sweep: finetune.batch_size=4096 exceeds the training split (" in proc.stdout
+
+    def run(argvs: list[list[str]]) -> str:
+        proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        return proc.stdout + proc.stderr
+
+    out = run([["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
+               ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
+               ["pretrain", "--data.source", str(shards), "--global_batch_size", "4096"],
+               ["sweep", "--data.source", str(shards), "--metric", "finetune_top1", "--finetune.batch_size", "4096"],
+               ["pretrain", "--preset", "digits_demo", "--global_batch_size", "4096"],
+               ["finetune", "--preset", "digits_demo", "--encoder", "models:/ropim-encoder@champion"],
+               ["models", "show", "models:/ropim-encoder/3"]])
+    assert "HEAVY []" in out, out[-3000:]
+    assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (" in out
+    assert "EXIT ropim sweep: finetune.batch_size=4096 exceeds the training split (" in out
+    assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (1438 images)" in out
+    assert "no alias 'champion' on model 'ropim-encoder': the tracking store sqlite:///" in out
+    assert "models:/ropim-encoder/3: no such registered version: the tracking store" in out
+    assert not (tmp_path / "mlflow.db").exists()  # a lookup in a store that is not there does not create it
+    out = run([["graft", "--preset", "digits_demo", "--encoder", "enc8", "--lower_blocks", "2"],
+               ["segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size", "60"]])
+    assert "HEAVY ['mlflow']" in out, out[-3000:]  # the registry module: it reads the folder's files
+    assert "lower_blocks=2: the encoder " in out and "has 1 block" in out
+    assert "crop_size=60: encoder " in out and "enc8 has patch size 8, which must divide the crop size" in out
 
 
 def test_presets_list_and_print_config(tmp_path):

@@ -101,6 +101,13 @@ def load_digits(size: int = 32) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return x.permute(0, 2, 3, 1).contiguous().numpy(), bunch.target.astype(np.int64), [str(d) for d in range(10)]
 
 
+def digits_count() -> int:
+    """How many images the built-in digits hold (scikit-learn's labels only: no torch, no resize)."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    return len(sk_digits().target)
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
     """A seeded random train/val partition of range(n) (the built-in digits' split)."""
     perm = np.random.default_rng(seed).permutation(n)

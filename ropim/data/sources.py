@@ -35,7 +35,16 @@ from ropim.data.layout import (
     unreadable_parquet,
     walk_images,
 )
-from ropim.data.lists import ArrayList, FileList, ImageList, ParquetList, load_digits, read_cifar, split_indices
+from ropim.data.lists import (
+    ArrayList,
+    FileList,
+    ImageList,
+    ParquetList,
+    digits_count,
+    load_digits,
+    read_cifar,
+    split_indices,
+)
 from ropim.errors import ConfigError
 
 
@@ -191,6 +200,8 @@ def split_list(src: Source, cfg: DataConfig, split: str | None, cache_files: int
 
 def count_images(cfg: DataConfig, split: str) -> int:
     """Images in ``split`` without decoding any (bad files included; they are found when decoded)."""
+    if check_source(cfg.source, cfg.format) == "digits":  # the seeded split of the labels: no torch
+        return len(split_indices(digits_count(), cfg.val_fraction, cfg.split_seed)[split])
     return len(split_list(open_source(cfg), cfg, split))
 
 

@@ -22,7 +22,7 @@ from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import dataset_name, eval_split
 from ropim.train.finetune import finetune
 from ropim.train.runtime import ray_session
-from ropim.train.segment_job import check_encoder, segment
+from ropim.train.segment_job import segment
 
 
 def preflight(cfg: TransferConfig) -> None:
@@ -36,7 +36,7 @@ def preflight(cfg: TransferConfig) -> None:
             data = dataclasses.replace(template.data, source=source).resolved()
             eval_split(ref, data, template.img_size or ref.config["img_size"])
     for encoder, _, cell in cfg.segment_cells():
-        check_encoder(refs[encoder], cell)  # the patch size divides the crop
+        cell.check_encoder(refs[encoder].uri, refs[encoder].config)  # the patch size divides the crop
 
 
 def encoder_label(run_id: str, encoder: str) -> str:

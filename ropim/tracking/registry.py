@@ -21,6 +21,7 @@ from ropim.errors import ConfigError
 from ropim.tracking.cards import card, first_stage
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
+from ropim.tracking.uri import check_model_in_store
 
 if TYPE_CHECKING:
     import torch
@@ -168,6 +169,7 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
             f"{kind} {model_uri}: no such local folder; give a folder holding {kind}.safetensors + config.json, "
             "models:/name/version, models:/name@alias or runs:/<run_id>/<artifact path>"
         )
+    check_model_in_store(model_uri, kind, uri or tracking_uri())
     c = client(uri)
     resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
     if model_uri.startswith("runs:/"):

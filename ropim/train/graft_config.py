@@ -129,6 +129,12 @@ class GraftConfig(SpeedOptions):
                               f"LGP's 2/3: {int(LGP_LOWER_SHARE * depth)})")
         return lower
 
+    def check_encoder(self, uri: str, config: dict) -> None:
+        """The split point lies within the encoder's blocks (``depth`` of its ``config.json``). Needs no torch: the
+        pre-flight runs it on a local folder; the job checks the weights themselves."""
+        if "depth" in config:
+            self.split(config["depth"])
+
     @property
     def lr(self) -> float:
         """Peak learning rate of the upper blocks after MoCo v3's linear scaling rule."""

@@ -39,25 +39,13 @@ def baseline(cfg: SegmentConfig) -> SegmentConfig:
     return dataclasses.replace(cfg, random_init=True)
 
 
-def check_encoder(ref: EncoderRef, cfg: SegmentConfig) -> None:
-    """The encoder's patch size divides the crop, and it takes RGB images: one error naming both otherwise."""
-    p = ref.config["patch_size"]
-    if cfg.crop_size % p:
-        fix = max(p, cfg.crop_size - cfg.crop_size % p)
-        raise ConfigError(f"crop_size={cfg.crop_size}: encoder {ref.uri} has patch size {p}, which must divide the "
-                          f"crop size (e.g. crop_size={fix})")
-    chans = ref.config.get("in_chans", ref.config["timm_kwargs"].get("in_chans", 3))
-    if chans != 3:
-        raise ConfigError(f"encoder {ref.uri} takes {chans}-channel images; segmentation sources give RGB")
-
-
 def prepare(cfg: SegmentConfig, tracking: str) -> tuple[SegmentConfig, EncoderRef]:
     """Resolve paths, validate ``cfg``, check the encoder and the training split, before any run starts; pin the
     encoder."""
     cfg = cfg.resolved().validate()
     cfg.check_resources()
     ref, _ = resolve_encoder(cfg.encoder, tracking)
-    check_encoder(ref, cfg)
+    cfg.check_encoder(ref.uri, ref.config)
     n = len(open_seg_source(cfg.data).splits["train"])
     if n < cfg.batch_size:
         raise ConfigError(f"batch_size={cfg.batch_size} exceeds the training split ({n} pairs)")

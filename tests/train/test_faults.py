@@ -72,6 +72,7 @@ def test_diverging_loss_stops_the_run_failed_and_registers_nothing(workdir):
     assert not c.search_model_versions("name='ropim-classifier'")
 
 
+@pytest.mark.faults
 def test_run_in_use_is_refused_and_sigkilled_job_resumes_exactly(workdir, tmp_path):
     straight = pretrain(tiny_pretrain(run_name="reference", **KILLED))
     marker = tmp_path / "paused"
@@ -106,6 +107,7 @@ TERMED = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.
           "--run_name", "termed")
 
 
+@pytest.mark.faults
 def test_sigterm_ends_the_run_killed_registers_nothing_and_the_same_command_resumes(workdir):
     job = subprocess.Popen([sys.executable, "-m", "ropim.cli", *TERMED], cwd=workdir, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

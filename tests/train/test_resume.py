@@ -16,6 +16,7 @@ from ropim.tracking import store
 from ropim.train.pretrain import pretrain
 
 
+@pytest.mark.faults
 def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray_session, tmp_path):
     shards = tmp_path / "digits-parquet"
     convert(DataConfig(source="digits"), str(shards), shard_size=400, progress=False)

@@ -202,6 +202,7 @@ class InterruptAfterFirstTrial(Callback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
+@pytest.mark.faults
 def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep, workdir, tmp_path):
     space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [50.0, 200.0]}, "epochs": {"choice": [1, 2]}}
     cfg = config_from_args(["--preset", "tpe", "--num-samples", "2", "--max-concurrent", "1", "--space",
@@ -294,6 +295,7 @@ def test_segmentation_objective_trains_upernet_on_each_trials_encoder(ray_sessio
     assert "segment_miou (%) by rho" in r.table
 
 
+@pytest.mark.faults
 def test_sigterm_ends_a_sweep_and_its_trial_killed_and_keeps_it_resumable(ray_session, workdir):
     import subprocess
     import sys
