@@ -65,22 +65,28 @@ def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict]
     """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
     imported; ``check_encoder(uri, config)`` then reads the config of each one that is a local folder. Return
     ``cfg``."""
+    import json
+
+    from ropim.tracking.model_folder import check_local_model, model_files
     from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
 
     cfg.validate()
     cfg.check_resources()
-    check_tracking(tracking_uri())
+    tracking = tracking_uri()
+    check_tracking(tracking)
+    registered = []
     for uri in encoders:
-        check_model_in_store(uri, "encoder", tracking_uri())  # before MLflow is imported
-    if encoders:
-        import json
+        folder = check_local_model(uri, "encoder")  # a folder: its files read here, without MLflow or torch
+        if folder is None:
+            check_model_in_store(uri, "encoder", tracking)
+            registered.append(uri)
+        elif folder.is_dir() and check_encoder is not None:
+            check_encoder(uri, json.loads(model_files(folder, "encoder", uri)[1].read_text()))
+    if registered:
+        from ropim.tracking.registry import check_model_uri
 
-        from ropim.tracking.registry import check_model_uri, model_files
-
-        for uri in encoders:
-            folder = check_model_uri(uri)
-            if folder is not None and folder.is_dir() and check_encoder is not None:
-                check_encoder(uri, json.loads(model_files(folder, "encoder", uri)[1].read_text()))
+        for uri in registered:
+            check_model_uri(uri)
     return cfg
 
 

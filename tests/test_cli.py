@@ -79,8 +79,8 @@ def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
 def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
     """`ropim --help`, `ropim pretrain --help`, config errors (a sweep's too), a training split smaller than a batch
     (Parquet counted with pyarrow, the built-in digits from their labels) and a registered encoder looked up in a
-    store that does not exist yet answer without the heavy libraries; an encoder folder that does not fit a graft or
-    a segmentation is refused from its config.json, without torch, timm or Ray."""
+    store that does not exist yet, a local encoder folder that is not there or does not fit a graft or a segmentation
+    (its config.json) answer without the heavy libraries."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from support import encoder_folder
@@ -104,18 +104,19 @@ heavy = sorted(m for m in ("torch", "ray", "mlflow", "timm") if m in sys.modules
 print("HEAVY", heavy)
 """
 
-    def run(argvs: list[list[str]]) -> str:
-        proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
-        return proc.stdout + proc.stderr
-
-    out = run([["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
-               ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
-               ["pretrain", "--data.source", str(shards), "--global_batch_size", "4096"],
-               ["sweep", "--data.source", str(shards), "--metric", "finetune_top1", "--finetune.batch_size", "4096"],
-               ["pretrain", "--preset", "digits_demo", "--global_batch_size", "4096"],
-               ["finetune", "--preset", "digits_demo", "--encoder", "models:/ropim-encoder@champion"],
-               ["models", "show", "models:/ropim-encoder/3"]])
+    argvs = [["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
+             ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
+             ["pretrain", "--data.source", str(shards), "--global_batch_size", "4096"],
+             ["sweep", "--data.source", str(shards), "--metric", "finetune_top1", "--finetune.batch_size", "4096"],
+             ["pretrain", "--preset", "digits_demo", "--global_batch_size", "4096"],
+             ["finetune", "--preset", "digits_demo", "--encoder", "models:/ropim-encoder@champion"],
+             ["models", "show", "models:/ropim-encoder/3"],
+             ["graft", "--preset", "digits_demo", "--encoder", "enc8", "--lower_blocks", "2"],
+             ["segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size", "60"],
+             ["finetune", "--preset", "digits_demo", "--encoder", "no/such/folder"]]
+    proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
     assert "HEAVY []" in out, out[-3000:]
     assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (" in out
     assert "EXIT ropim sweep: finetune.batch_size=4096 exceeds the training split (" in out
@@ -123,11 +124,9 @@ print("HEAVY", heavy)
     assert "no alias 'champion' on model 'ropim-encoder': the tracking store sqlite:///" in out
     assert "models:/ropim-encoder/3: no such registered version: the tracking store" in out
     assert not (tmp_path / "mlflow.db").exists()  # a lookup in a store that is not there does not create it
-    out = run([["graft", "--preset", "digits_demo", "--encoder", "enc8", "--lower_blocks", "2"],
-               ["segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size", "60"]])
-    assert "HEAVY ['mlflow']" in out, out[-3000:]  # the registry module: it reads the folder's files
     assert "lower_blocks=2: the encoder " in out and "has 1 block" in out
     assert "crop_size=60: encoder " in out and "enc8 has patch size 8, which must divide the crop size" in out
+    assert "EXIT ropim finetune: encoder no/such/folder: no such local folder" in out
 
 
 def test_presets_list_and_print_config(tmp_path):

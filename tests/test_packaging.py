@@ -57,7 +57,8 @@ def test_installed_wheel_lists_presets_and_pretrains(wheel, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert "pretrain/digits_demo" in listed.stdout and "sweep/rho_ablation" in listed.stdout, listed.stderr
     run = subprocess.run([sys.executable, "-m", "ropim.cli", "pretrain", "--preset", "digits_demo", "--epochs", "1",
-                          "--max_steps_per_epoch", "2", "--num_workers", "0", "--viz_every", "0"],
+                          "--max_steps_per_epoch", "2", "--num_workers", "0", "--viz_every", "0", "--model.depth", "1",
+                          "--global_batch_size", "16", "--eval_every", "0"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "models:/ropim-encoder/1"

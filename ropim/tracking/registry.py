@@ -19,6 +19,7 @@ from mlflow.types import Schema, TensorSpec
 
 from ropim.errors import ConfigError
 from ropim.tracking.cards import card, first_stage
+from ropim.tracking.model_folder import check_local_model, model_files
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
 from ropim.tracking.uri import check_model_in_store
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
 CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
 ENCODER_REQUIREMENTS = ["torch", "timm", "safetensors", "numpy"]
-MODEL_KINDS = ("encoder", "classifier", "segmenter")
 
 
 def register_model(
@@ -159,16 +159,9 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
 def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
     """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder);
     the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
-    local = Path(model_uri).expanduser()
-    if local.exists():
-        if local.is_dir():
-            model_files(local, kind, model_uri)  # the files of a ``kind``, whole
+    local = check_local_model(model_uri, kind)
+    if local is not None:
         return local
-    if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
-        raise FileNotFoundError(
-            f"{kind} {model_uri}: no such local folder; give a folder holding {kind}.safetensors + config.json, "
-            "models:/name/version, models:/name@alias or runs:/<run_id>/<artifact path>"
-        )
     check_model_in_store(model_uri, kind, uri or tracking_uri())
     c = client(uri)
     resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
@@ -201,45 +194,6 @@ def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encode
     from safetensors.torch import load_file  # torch only when a model is read
 
     return load_file(str(weights)), json.loads(cfg_file.read_text())
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file, judged from its header and size (no tensor is read), or None."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 0 or 8 + n > size:
-            return f"{size:,} bytes: shorter than its header"
-        try:
-            header = json.loads(f.read(n))
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return "its header is not a safetensors header"
-    return None if 8 + n + end == size else f"{size:,} bytes where its header promises {8 + n + end:,}"
-
-
-def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
-    """(``<kind>.safetensors``, ``config.json``) in ``folder``, both whole: one error naming a file missing, cut short
-    or damaged."""
-    weights, cfg_file = next(folder.rglob(f"{kind}.safetensors"), None), next(folder.rglob("config.json"), None)
-    if weights is None or cfg_file is None:
-        other = next((k for k in MODEL_KINDS if k != kind and next(folder.rglob(f"{k}.safetensors"), None)), None)
-        if other is not None:
-            raise ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the "
-                              f"{kind} (models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with "
-                              f"{kind}.safetensors)")
-        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
-    damaged, problem = weights, safetensors_problem(weights)
-    if problem is None:
-        try:
-            json.loads(cfg_file.read_text())
-        except (ValueError, OSError) as err:
-            damaged, problem = cfg_file, f"not JSON: {err}"
-    if problem is not None:
-        raise ConfigError(f"{kind} {model_uri}: {damaged} cannot be read ({problem}); it is cut short or damaged: "
-                          "copy or export the model again (or register it again)")
-    return weights, cfg_file
 
 
 def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:

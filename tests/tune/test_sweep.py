@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from argparse import ArgumentError
 from pathlib import Path
 
@@ -243,10 +245,11 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
     assert again.encoder_uri == second.encoder_uri and again.rows == second.rows
 
 
-def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir):
+def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir, segment_sweep_job):
     """--metric finetune_top1: each trial fine-tunes its own encoder (the sweep's recipe, the trial's data and seed)
     after its last epoch; the row, the child run and the registered version carry that score, kNN is reported beside
-    it. One trial (a grid of one rho, seed 3): how trials are compared and registered is the rho sweep's test."""
+    it. One trial (a grid of one rho, seed 3): how trials are compared and registered is the rho sweep's test. The
+    segmentation objective's sweep runs meanwhile in another process."""
     with pytest.raises(Exception, match="ASHA has no intermediate values"):
         prepare(config_from_args(["--metric", "finetune_top1", "--scheduler", "asha", "--eval_every", "1", *TINY]))
     cfg = config_from_args(["--metric", "finetune_top1", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}), *TINY,
@@ -272,33 +275,48 @@ def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir):
     assert len(c.search_model_versions("name = 'ropim-classifier'")) == classifiers  # trials register no classifier
 
 
-def test_segmentation_objective_trains_upernet_on_each_trials_encoder(ray_session, workdir):
+SEGMENT = ["--segment.data.canvases", "20", "--segment.data.canvas_size", "32", "--segment.crop_size", "32",
+           "--segment.epochs", "1", "--segment.batch_size", "2", "--segment.max_steps_per_epoch", "1",
+           "--segment.channels", "8", "--segment.aux_channels", "8", "--segment.viz_images", "0"]
+SEGMENT_SWEEP = ["--metric", "segment_miou", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}), *TINY,
+                 "--epochs", "1", *SEGMENT, "--name", "seg", "--no-register"]
+
+
+@pytest.fixture(scope="module")
+def segment_sweep_job(ray_session, workdir):
+    """`ropim sweep --metric segment_miou` in a fresh process, started before the fine-tune objective's sweep runs in
+    this one: two sweeps at once on one Ray cluster and one MLflow store, as two users would start them."""
+    with open(workdir / "seg.out", "w") as out, open(workdir / "seg.err", "w") as err:  # files: a pipe would fill
+        job = subprocess.Popen([sys.executable, "-m", "ropim.cli", "sweep", *SEGMENT_SWEEP], cwd=workdir, text=True,
+                               env={**os.environ, "RAY_ADDRESS": ray_session}, stdout=out, stderr=err)
+    yield job
+    job.kill()
+
+
+def test_segmentation_objective_trains_upernet_on_each_trials_encoder(segment_sweep_job, workdir):
     """--metric segment_miou: after its last epoch each trial trains UperNet on its own encoder (the sweep's
     segmentation recipe and data, the trial's workers and seed) and reports val mIoU, which Tune optimises."""
     with pytest.raises(Exception, match="ASHA has no intermediate values"):
         prepare(config_from_args(["--metric", "segment_miou", "--scheduler", "asha", "--eval_every", "1", *TINY]))
-    seg = ["--segment.data.canvases", "20", "--segment.data.canvas_size", "32", "--segment.crop_size", "32",
-           "--segment.epochs", "1", "--segment.batch_size", "2", "--segment.max_steps_per_epoch", "1",
-           "--segment.channels", "8", "--segment.aux_channels", "8", "--segment.viz_images", "0"]
-    cfg = prepare(config_from_args(["--metric", "segment_miou", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}),
-                                    *TINY, "--epochs", "1", *seg, "--name", "seg", "--no-register"]))
+    cfg = prepare(config_from_args(SEGMENT_SWEEP))
     assert cfg.segment["crop_size"] == 32 and cfg.segment["data"]["canvases"] == 20
-    r = run_sweep(cfg)
-    assert r.complete and len(r.rows) == 1
-    row = r.rows[0]
-    assert 0 <= row["segment_miou"] <= 100 and r.best["segment_miou"] == row["segment_miou"]
+    assert segment_sweep_job.wait(timeout=600) == 0, (workdir / "seg.err").read_text()[-3000:]
     c = store.client()
-    trial = c.get_run(row["mlflow_run"])
+    [parent] = c.search_runs([c.get_experiment_by_name("ropim-sweep").experiment_id],
+                             filter_string="tags.`ropim.sweep` = 'seg' and tags.`ropim.kind` = 'sweep'")
+    [trial] = _children(parent.info.run_id)
+    assert parent.info.status == trial.info.status == "FINISHED"
+    miou = trial.data.metrics["segment_miou"]
+    assert 0 <= miou <= 100 and parent.data.metrics["best_segment_miou"] == miou
     seg_run = c.get_run(trial.data.tags["ropim.segment_run"])
-    assert seg_run.info.status == "FINISHED" and seg_run.data.metrics["miou"] == pytest.approx(row["segment_miou"])
-    assert seg_run.data.tags["ropim.encoder_uri"] == f"runs:/{row['mlflow_run']}/encoder"
-    assert "segment_miou (%) by rho" in r.table
+    assert seg_run.info.status == "FINISHED" and seg_run.data.metrics["miou"] == pytest.approx(miou)
+    assert seg_run.data.tags["ropim.encoder_uri"] == f"runs:/{trial.info.run_id}/encoder"
+    assert "segment_miou (%) by rho" in (workdir / "seg.out").read_text()
+    assert not c.search_model_versions(f"run_id='{trial.info.run_id}'")  # --no-register
 
 
 @pytest.mark.faults
 def test_sigterm_ends_a_sweep_and_its_trial_killed_and_keeps_it_resumable(ray_session, workdir):
-    import subprocess
-    import sys
     import time
 
     args = ["sweep", "--space", '{"rho": {"grid": [0.25]}}', *TINY, "--epochs", "1000", "--max_steps_per_epoch", "1",

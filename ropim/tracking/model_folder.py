@@ -1,0 +1,66 @@
+"""A model held in a local folder (``<kind>.safetensors`` + ``config.json``): found and checked whole from its files
+alone, without MLflow or torch, so that a wrong folder fails in a fraction of a second."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ropim.errors import ConfigError
+
+MODEL_KINDS = ("encoder", "classifier", "segmenter")
+
+
+def check_local_model(model_uri: str, kind: str) -> Path | None:
+    """The local path ``model_uri`` names, its ``kind``'s files whole when it is a folder; None for a URI for MLflow
+    (``models:/…``, ``runs:/…``, a scheme); one clear error for a folder that is not there."""
+    local = Path(model_uri).expanduser()
+    if local.exists():
+        if local.is_dir():
+            model_files(local, kind, model_uri)
+        return local
+    if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
+        raise FileNotFoundError(
+            f"{kind} {model_uri}: no such local folder; give a folder holding {kind}.safetensors + config.json, "
+            "models:/name/version, models:/name@alias or runs:/<run_id>/<artifact path>"
+        )
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file, judged from its header and size (no tensor is read), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            return f"{size:,} bytes: shorter than its header"
+        try:
+            header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return "its header is not a safetensors header"
+    return None if 8 + n + end == size else f"{size:,} bytes where its header promises {8 + n + end:,}"
+
+
+def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
+    """(``<kind>.safetensors``, ``config.json``) in ``folder``, both whole: one error naming a file missing, cut short
+    or damaged."""
+    weights, cfg_file = next(folder.rglob(f"{kind}.safetensors"), None), next(folder.rglob("config.json"), None)
+    if weights is None or cfg_file is None:
+        other = next((k for k in MODEL_KINDS if k != kind and next(folder.rglob(f"{k}.safetensors"), None)), None)
+        if other is not None:
+            raise ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the "
+                              f"{kind} (models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with "
+                              f"{kind}.safetensors)")
+        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
+    damaged, problem = weights, safetensors_problem(weights)
+    if problem is None:
+        try:
+            json.loads(cfg_file.read_text())
+        except (ValueError, OSError) as err:
+            damaged, problem = cfg_file, f"not JSON: {err}"
+    if problem is not None:
+        raise ConfigError(f"{kind} {model_uri}: {damaged} cannot be read ({problem}); it is cut short or damaged: "
+                          "copy or export the model again (or register it again)")
+    return weights, cfg_file
