@@ -24,16 +24,16 @@ lint: $(VENV)/.installed
 test: lint
 	$(VENV)/bin/pytest
 
-# the jobs and sweeps killed or stopped mid-run (marker `faults`: SIGTERM, SIGKILL, a Ray worker's death, a sweep
-# stopped and resumed, a busy core), on the one-machine Ray session of `make test`; `make test` leaves them out
+# faults put on running jobs (marker `faults`: SIGTERM, SIGKILL, a Ray worker's death, a sweep stopped and resumed,
+# a busy core, three jobs started at once on one store), on the one Ray session of `make test`, which leaves them out
 test-faults: $(VENV)/.installed
 	$(VENV)/bin/pytest -m faults
 
-# the cluster tests (tests/cluster, marker `cluster`): an S3 server, MLflow servers, a Ray cluster of a head and two
-# worker nodes, and `make cluster-up`'s locked-down head + MLflow server, all on this machine; `make test` leaves them
-# out
+# the cluster tests (marker `cluster`, most in tests/cluster): an S3 server, MLflow servers, a Ray cluster of a head
+# and two worker nodes, `make cluster-up`'s locked-down head + MLflow server, the local cluster `ropim` starts, all on
+# this machine; `make test` leaves them out
 test-cluster: $(VENV)/.installed
-	$(VENV)/bin/pytest -m cluster tests/cluster
+	$(VENV)/bin/pytest -m cluster
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/rop_overhead.py

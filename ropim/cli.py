@@ -140,55 +140,70 @@ def plugins() -> dict[str, object]:
     return {ep.name: ep.load() for ep in entry_points(group="ropim.commands")}
 
 
-def build_parser() -> tuple[ArgumentParser, dict[str, object]]:
-    """The ``ropim`` parser with its subcommands, and the plugin commands it holds."""
+def job_commands() -> dict[str, tuple[type, str, str]]:
+    """Each job subcommand: (its config class, its description, its line in ``ropim --help``)."""
     from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
     from ropim.train.config import FinetuneConfig, PretrainConfig
     from ropim.train.graft_config import GraftConfig
     from ropim.train.segment_config import SegmentConfig
     from ropim.viz.config import VizConfig
 
+    return {
+        "pretrain": (PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it.",
+                     "pretrain an encoder and register it in MLflow"),
+        "finetune": (FinetuneConfig, "Fine-tune a classifier from an encoder (models:/name/version, "
+                     "models:/name@alias, runs:/…, or a local folder) on Ray Train (num_workers=0: in this process); "
+                     "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5"),
+        "graft": (GraftConfig, "LGP-ROPIM's second stage: MoCo v3 on an encoder (models:/name/version, "
+                  "models:/name@alias, runs:/…, or a folder), its lower blocks at a fraction of the learning rate "
+                  "(Layer Grafted Pre-training), on Ray Train; register the result as a new encoder version tagged "
+                  "stage=lgp.", "graft MoCo v3 onto an encoder (LGP-ROPIM) and register it"),
+        "segment": (SegmentConfig, "Semantic segmentation transfer: UperNet on an encoder (the paper's ADE20K "
+                    "protocol), on Ray Train (num_workers=0: in this process); register it as ropim-segmenter.",
+                    "train UperNet from an encoder URI and report mIoU / pixel accuracy"),
+        "probe": (ProbeConfig, "Linear probe and cosine kNN on frozen features.",
+                  "linear probe + kNN top-1 / top-5 of a frozen encoder"),
+        "transfer": (TransferConfig, "Fine-tune (or --mode probe) every encoder of --encoders A,B on every source "
+                     "of --data D1,D2.", "encoders x data sets table (CSV / Markdown / JSON)"),
+        "demo": (DemoConfig, "Pretrain -> register -> fine-tune vs random init (default preset: digits_demo).",
+                 "the main job end to end (default: the digits_demo preset)"),
+        "viz": (VizConfig, "Reconstruction grid (paper Figs. 3/6/7) from a checkpoint or a registered encoder, and "
+                "the token-error histograms of Fig. 5, as PNGs.",
+                "write reconstruction / projection grids and Figure-5 histograms as PNGs"),
+    }
+
+
+def add_job_command(sub, name: str, config_cls: type, description: str, help_line: str) -> None:
+    """``ropim NAME``: a job subcommand over ``config_cls``."""
+    parser = job_parser(config_cls, name, description)
+    if name == "pretrain":
+        parser.add_argument("--resume", type=str | None, default=None,
+                            help="continue the named run with its stored config (num_workers, use_gpu, "
+                                 "stop_after_epochs, max_failures may change)")
+    if name == "demo":
+        parser.default_config_files = [str(PRESETS / "demo" / "digits_demo.yaml")]
+    sub.add_subcommand(name, parser, help=help_line)
+
+
+def build_parser(only: str | None = None) -> tuple[ArgumentParser, dict[str, object]]:
+    """The ``ropim`` parser with its subcommands, and the plugin commands it holds. ``only``: when it names a
+    subcommand, that one alone (all a command line that starts with it needs; building all takes longer than most
+    bad-input answers)."""
     parser = parser_of(prog="ropim", description="ROPIM pretraining, sweeps and fine-tuning on Ray + MLflow.")
     sub = parser.add_subcommands(dest="command")
-    pretrain = job_parser(PretrainConfig, "pretrain", "Pretrain a ViT with ROPIM on Ray Train; register it.")
-    pretrain.add_argument("--resume", type=str | None, default=None,
-                          help="continue the named run with its stored config (num_workers, use_gpu, "
-                               "stop_after_epochs, max_failures may change)")
-    sub.add_subcommand("pretrain", pretrain, help="pretrain an encoder and register it in MLflow")
-    sub.add_subcommand("finetune", job_parser(FinetuneConfig, "finetune", "Fine-tune a classifier from an encoder "
-                                              "(models:/name/version, models:/name@alias, runs:/…, or a local "
-                                              "folder) on Ray Train (num_workers=0: in this process); register it "
-                                              "as ropim-classifier."),
-                       help="fine-tune from an encoder URI and report top-1 / top-5")
-    sub.add_subcommand("graft", job_parser(GraftConfig, "graft", "LGP-ROPIM's second stage: MoCo v3 on an encoder "
-                                           "(models:/name/version, models:/name@alias, runs:/…, or a folder), its "
-                                           "lower blocks at a fraction of the learning rate (Layer Grafted "
-                                           "Pre-training), on Ray Train; register the result as a new encoder "
-                                           "version tagged stage=lgp."),
-                       help="graft MoCo v3 onto an encoder (LGP-ROPIM) and register it")
-    sub.add_subcommand("segment", job_parser(SegmentConfig, "segment", "Semantic segmentation transfer: UperNet on an "
-                                             "encoder (the paper's ADE20K protocol), on Ray Train (num_workers=0: "
-                                             "in this process); register it as ropim-segmenter."),
-                       help="train UperNet from an encoder URI and report mIoU / pixel accuracy")
-    sub.add_subcommand("probe", job_parser(ProbeConfig, "probe", "Linear probe and cosine kNN on frozen features."),
-                       help="linear probe + kNN top-1 / top-5 of a frozen encoder")
-    sub.add_subcommand("transfer", job_parser(TransferConfig, "transfer", "Fine-tune (or --mode probe) every "
-                                              "encoder of --encoders A,B on every source of --data D1,D2."),
-                       help="encoders x data sets table (CSV / Markdown / JSON)")
-    demo = job_parser(DemoConfig, "demo", "Pretrain -> register -> fine-tune vs random init (default preset: "
-                                          "digits_demo).")
-    demo.default_config_files = [str(PRESETS / "demo" / "digits_demo.yaml")]
-    sub.add_subcommand("demo", demo, help="the main job end to end (default: the digits_demo preset)")
-    sub.add_subcommand("viz", job_parser(VizConfig, "viz", "Reconstruction grid (paper Figs. 3/6/7) from a "
-                                         "checkpoint or a registered encoder, and the token-error histograms of "
-                                         "Fig. 5, as PNGs."),
-                       help="write reconstruction / projection grids and Figure-5 histograms as PNGs")
-    sub.add_subcommand("presets", parser_of(description="List shipped presets."), help="list shipped presets")
-    add_data_command(sub)
-    add_models_command(sub)
-    found = plugins()
-    for name, command in found.items():
-        sub.add_subcommand(name, command.parser(), help=command.help)
+    jobs, found = job_commands(), plugins()
+    names = [*jobs, "presets", "data", "models", *found]
+    for name in [only] if only in names else names:
+        if name in jobs:
+            add_job_command(sub, name, *jobs[name])
+        elif name == "presets":
+            sub.add_subcommand("presets", parser_of(description="List shipped presets."), help="list shipped presets")
+        elif name == "data":
+            add_data_command(sub)
+        elif name == "models":
+            add_models_command(sub)
+        else:
+            sub.add_subcommand(name, found[name].parser(), help=found[name].help)
     return parser, found
 
 
@@ -200,7 +215,7 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "ropim")
     try:
-        parser, plugin_commands = build_parser()
+        parser, plugin_commands = build_parser(command)
         args = parser.parse_args(argv)
         if args.command in ("data", "models") and args[args.command].action:
             command = f"{args.command} {args[args.command].action}"

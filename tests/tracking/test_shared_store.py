@@ -16,6 +16,7 @@ TINY_JOB = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--mode
             "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0", "--eval_every", "0")
 
 
+@pytest.mark.faults
 def test_three_jobs_started_at_once_on_a_fresh_sqlite_store_all_register(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}

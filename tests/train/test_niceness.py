@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ropim.train.niceness import NICENESS_VARIABLE, even_worker_priority
 
 SCRIPT = """
@@ -17,6 +19,7 @@ with ray_session():
 """
 
 
+@pytest.mark.cluster
 def test_workers_of_a_cluster_ropim_starts_run_at_the_drivers_priority(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in (NICENESS_VARIABLE, "RAY_ADDRESS")}
     out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True,
