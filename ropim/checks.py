@@ -116,3 +116,16 @@ def check_local_resources(num_workers: int, cpus_per_worker: float, use_gpu: boo
         raise ConfigError(f"num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} needs "
                           f"{num_workers * cpus_per_worker:g} CPUs, this machine has {cpus}; lower them, or set "
                           "--wait_for_resources true to wait for a cluster to grow")
+
+
+def check_encoder_input(uri: str, config: dict, img_size: int | None = None) -> None:
+    """An encoder (its ``config.json``) fits the images a job gives it: RGB, as every data source decodes them, and
+    ``img_size`` (None: its own) a multiple of its patch size. One error naming the encoder and the fix."""
+    chans = config.get("in_chans", config.get("timm_kwargs", {}).get("in_chans", 3))
+    if chans != 3:
+        raise ConfigError(f"encoder {uri} expects {chans}-channel images (in_chans={chans}), and every data source "
+                          "gives 3-channel (RGB) images; use an encoder pretrained on RGB data")
+    size, p = img_size or config["img_size"], config["patch_size"]
+    if size <= 0 or size % p:
+        raise ConfigError(f"img_size={size}: encoder {uri} has patch size {p}, which must divide the image size "
+                          f"(e.g. img_size={max(p, size - size % p)})")

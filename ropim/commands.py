@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from jsonargparse import Namespace
 
+from ropim.checks import check_encoder_input
 from ropim.errors import ConfigError
 
 
@@ -127,7 +128,7 @@ def run_finetune(ns: Namespace) -> None:
     from ropim.train.config import FinetuneConfig
 
     cfg = config(ns, FinetuneConfig)
-    preflight(cfg, [cfg.encoder])
+    preflight(cfg, [cfg.encoder], lambda uri, encoder: check_encoder_input(uri, encoder, cfg.img_size))
     check_batch_fits(cfg.data, {"batch_size": cfg.batch_size})
     from ropim.train.finetune import finetune
 
@@ -167,7 +168,7 @@ def run_probe(ns: Namespace) -> None:
     from ropim.flows.config import ProbeConfig
 
     cfg = config(ns, ProbeConfig)
-    preflight(cfg, [cfg.encoder])
+    preflight(cfg, [cfg.encoder], lambda uri, encoder: check_encoder_input(uri, encoder, cfg.img_size))
     from ropim.flows.probe import probe
 
     r = probe(cfg)

@@ -79,8 +79,8 @@ def test_unreachable_mlflow_server_fails_before_ray(tmp_path):
 def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
     """`ropim --help`, `ropim pretrain --help`, config errors (a sweep's too), a training split smaller than a batch
     (Parquet counted with pyarrow, the built-in digits from their labels) and a registered encoder looked up in a
-    store that does not exist yet, a local encoder folder that is not there or does not fit a graft or a segmentation
-    (its config.json) answer without the heavy libraries."""
+    store that does not exist yet, a local encoder folder that is not there or does not fit the job (its config.json:
+    input channels, patch size, depth) answer without the heavy libraries."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from support import encoder_folder
@@ -92,6 +92,7 @@ def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
     pq.write_table(pa.table({"image": [b"x"] * 100, "label": pa.array([0, 1] * 50, pa.int64()),
                              "path": [f"{i}.png" for i in range(100)]}), shards / "part-0.parquet")
     encoder_folder(tmp_path / "enc8", ModelConfig(img_size=32, patch_size=8, depth=1))
+    encoder_folder(tmp_path / "gray", ModelConfig(img_size=32, patch_size=4, depth=1, in_chans=1))
     script = """
 import sys
 from ropim.cli import main
@@ -113,7 +114,9 @@ print("HEAVY", heavy)
              ["models", "show", "models:/ropim-encoder/3"],
              ["graft", "--preset", "digits_demo", "--encoder", "enc8", "--lower_blocks", "2"],
              ["segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size", "60"],
-             ["finetune", "--preset", "digits_demo", "--encoder", "no/such/folder"]]
+             ["finetune", "--preset", "digits_demo", "--encoder", "no/such/folder"],
+             ["probe", "--encoder", "gray"], ["finetune", "--preset", "digits_demo", "--encoder", "enc8",
+                                                "--img_size", "60"]]
     proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)
     out = proc.stdout + proc.stderr
@@ -127,6 +130,8 @@ print("HEAVY", heavy)
     assert "lower_blocks=2: the encoder " in out and "has 1 block" in out
     assert "crop_size=60: encoder " in out and "enc8 has patch size 8, which must divide the crop size" in out
     assert "EXIT ropim finetune: encoder no/such/folder: no such local folder" in out
+    assert "EXIT ropim probe: encoder gray expects 1-channel images (in_chans=1), and every data source gives" in out
+    assert "EXIT ropim finetune: img_size=60: encoder " in out and "enc8 has patch size 8, which must divide" in out
 
 
 def test_presets_list_and_print_config(tmp_path):

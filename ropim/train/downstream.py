@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ropim.checks import check_encoder_input
 from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
@@ -29,31 +30,13 @@ from ropim.viz.confusion import confusion_png
 log = logging.getLogger("ropim.downstream")
 
 
-def check_image_size(ref: EncoderRef, img_size: int) -> None:
-    """The encoder's patch size must divide the image size it is used at."""
-    p = ref.config["patch_size"]
-    if img_size <= 0 or img_size % p:
-        raise ConfigError(f"img_size={img_size}: encoder {ref.uri} has patch size {p}, which must divide the image "
-                          f"size (e.g. img_size={max(p, img_size - img_size % p)})")
-
-
-def check_channels(ref: EncoderRef, dataset, data: DataConfig) -> None:
-    """Fail, naming both, when the encoder's input channels differ from what the data gives."""
-    expected = ref.config.get("in_chans", ref.config["timm_kwargs"].get("in_chans", 3))
+def eval_split(ref: EncoderRef, data: DataConfig, img_size: int, split: str = "val"):
+    """``split`` of ``data`` under the eval transform, after checking the encoder's input (RGB, ``img_size`` a
+    multiple of its patch size) and that the split holds images."""
+    check_encoder_input(ref.uri, ref.config, img_size)
+    dataset = build_dataset(data, split, eval_transform(img_size), img_size)
     if len(dataset) == 0:
         raise ConfigError(f"data source={data.source!r}: the split holds no images")
-    got = dataset[0][0].shape[0]
-    if got != expected:
-        raise ConfigError(f"encoder {ref.uri} expects {expected}-channel images (in_chans={expected}) but data "
-                          f"source={data.source!r} gives {got}-channel images; use an encoder pretrained on "
-                          f"{got}-channel data")
-
-
-def eval_split(ref: EncoderRef, data: DataConfig, img_size: int, split: str = "val"):
-    """``split`` of ``data`` under the eval transform, after checking image size and channels against ``ref``."""
-    check_image_size(ref, img_size)
-    dataset = build_dataset(data, split, eval_transform(img_size), img_size)
-    check_channels(ref, dataset, data)
     return dataset
 
 

@@ -10,6 +10,7 @@ from ropim.checks import (
     COUNT,
     POSITIVE,
     Range,
+    check_encoder_input,
     check_fields,
     check_local_resources,
     check_location,
@@ -130,8 +131,9 @@ class GraftConfig(SpeedOptions):
         return lower
 
     def check_encoder(self, uri: str, config: dict) -> None:
-        """The split point lies within the encoder's blocks (``depth`` of its ``config.json``). Needs no torch: the
-        pre-flight runs it on a local folder; the job checks the weights themselves."""
+        """The encoder takes RGB images at its own size and the split point lies within its blocks (``depth`` of its
+        ``config.json``). Needs no torch: the pre-flight runs it on a local folder; the job checks the weights."""
+        check_encoder_input(uri, config)
         if "depth" in config:
             self.split(config["depth"])
 

@@ -127,7 +127,7 @@ def test_wrong_uri_missing_alias_and_channel_mismatch_are_one_clear_error(workdi
         ("models:/no-such-model/1", LookupError, "no such registered version"),
         ("runs:/0123456789abcdef/encoder", LookupError, "no MLflow run '0123456789abcdef'"),
         (str(workdir / "no-such-folder"), FileNotFoundError, "no such local folder"),
-        (str(gray), ConfigError, "expects 1-channel images (in_chans=1) but data source='digits' gives 3-channel"),
+        (str(gray), ConfigError, "expects 1-channel images (in_chans=1), and every data source gives 3-channel"),
     ]
     for uri, err, message in cases:
         with pytest.raises(err, match=message.replace("(", r"\(").replace(")", r"\)")):
