@@ -68,7 +68,7 @@ def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict]
     ``cfg``."""
     import json
 
-    from ropim.tracking.model_folder import check_local_model, model_files
+    from ropim.tracking.model_folder import check_local_model
     from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
 
     cfg.validate()
@@ -81,8 +81,8 @@ def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict]
         if folder is None:
             check_model_in_store(uri, "encoder", tracking)
             registered.append(uri)
-        elif folder.is_dir() and check_encoder is not None:
-            check_encoder(uri, json.loads(model_files(folder, "encoder", uri)[1].read_text()))
+        elif folder.is_dir() and check_encoder is not None:  # its config.json, found whole just above
+            check_encoder(uri, json.loads(next(folder.rglob("config.json")).read_text()))
     if registered:
         from ropim.tracking.registry import check_model_uri
 

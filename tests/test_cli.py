@@ -115,8 +115,8 @@ print("HEAVY", heavy)
              ["graft", "--preset", "digits_demo", "--encoder", "enc8", "--lower_blocks", "2"],
              ["segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size", "60"],
              ["finetune", "--preset", "digits_demo", "--encoder", "no/such/folder"],
-             ["probe", "--encoder", "gray"], ["finetune", "--preset", "digits_demo", "--encoder", "enc8",
-                                                "--img_size", "60"]]
+             ["probe", "--encoder", "gray"], ["segment", "--preset", "digits_seg", "--encoder", "gray"],
+             ["finetune", "--preset", "digits_demo", "--encoder", "enc8", "--img_size", "60"]]
     proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)
     out = proc.stdout + proc.stderr
@@ -131,6 +131,7 @@ print("HEAVY", heavy)
     assert "crop_size=60: encoder " in out and "enc8 has patch size 8, which must divide the crop size" in out
     assert "EXIT ropim finetune: encoder no/such/folder: no such local folder" in out
     assert "EXIT ropim probe: encoder gray expects 1-channel images (in_chans=1), and every data source gives" in out
+    assert "EXIT ropim segment: encoder " in out and "gray expects 1-channel images (in_chans=1)" in out
     assert "EXIT ropim finetune: img_size=60: encoder " in out and "enc8 has patch size 8, which must divide" in out
 
 

@@ -28,6 +28,7 @@ from ropim.data.layout import (
     PARQUET_ERRORS,
     check_source,
     cifar_root,
+    detect_format,
     imagefolder_splits,
     parquet_files,
     parquet_split_of,
@@ -200,7 +201,7 @@ def split_list(src: Source, cfg: DataConfig, split: str | None, cache_files: int
 
 def count_images(cfg: DataConfig, split: str) -> int:
     """Images in ``split`` without decoding any (bad files included; they are found when decoded)."""
-    if check_source(cfg.source, cfg.format) == "digits":  # the seeded split of the labels: no torch
+    if detect_format(cfg.source, cfg.format) == "digits":  # the seeded split of the labels: no torch
         return len(split_indices(digits_count(), cfg.val_fraction, cfg.split_seed)[split])
     return len(split_list(open_source(cfg), cfg, split))
 

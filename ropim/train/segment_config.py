@@ -12,6 +12,7 @@ from ropim.checks import (
     NON_NEGATIVE,
     SHARE,
     Range,
+    check_encoder_input,
     check_fields,
     check_local_resources,
     check_location,
@@ -117,16 +118,14 @@ class SegmentConfig(SpeedOptions):
         return self
 
     def check_encoder(self, uri: str, config: dict) -> None:
-        """The encoder (its ``config.json``) takes RGB images and its patch size divides the crop: one error naming
-        both otherwise. Needs no torch: the pre-flight runs it on a local folder."""
+        """The encoder (its ``config.json``) takes RGB images (``check_encoder_input``) and its patch size divides
+        the crop: one error naming both otherwise. Needs no torch: the pre-flight runs it on a local folder."""
         p = config["patch_size"]
         if self.crop_size % p:
             fix = max(p, self.crop_size - self.crop_size % p)
             raise ConfigError(f"crop_size={self.crop_size}: encoder {uri} has patch size {p}, which must divide the "
                               f"crop size (e.g. crop_size={fix})")
-        chans = config.get("in_chans", config["timm_kwargs"].get("in_chans", 3))
-        if chans != 3:
-            raise ConfigError(f"encoder {uri} takes {chans}-channel images; segmentation sources give RGB")
+        check_encoder_input(uri, config)
 
     def check_resources(self) -> None:
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
