@@ -213,9 +213,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, device: torch.device, peak: float | None, why: dict
+def measure(args: argparse.Namespace, device: torch.device, peak: float | None, why: dict, save=lambda *_: None
             ) -> tuple[list, list, dict]:
-    """(rows, skipped, explained) over models × backbones × corruptions × (plain + options)."""
+    """(rows, skipped, explained) over models × backbones × corruptions × (plain + options); ``save(rows, skipped,
+    explained)`` after every row, so that a run stopped early keeps what it measured."""
     rows, skipped, explained = [], [], {}
     for model_name in args.models:
         for backbone in args.backbones:
@@ -250,6 +251,7 @@ def measure(args: argparse.Namespace, device: torch.device, peak: float | None, 
                                      speedup_vs_plain=plain_ms / row["ms_per_step"] if plain_ms else None,
                                      mfu=achieved / (peak * 1e12) if peak else None))
                     print(f"{row['ms_per_step']:.1f} ms/step")
+                    save(rows, skipped, explained)
     return rows, skipped, explained
 
 
@@ -276,21 +278,26 @@ def main(argv: list[str] | None = None) -> dict:
         why["compile"] = "--tiny skips compile (inductor's C++ build takes ~20 s per row on 2 CPU cores); add " \
                          "--options compile [--compile-backend aot_eager] to time it"
     t_start = time.perf_counter()
-    rows, skipped, explained = measure(args, device, peak, why)
-    print_table(rows, skipped)
-    report = dict(benchmark="gpu_step", step="draw corruption, forward, backward, AdamW step, zero_grad",
-                  device=str(device), device_name=name, peak_bf16_dense_tflops=peak, peak_source=peak_source,
-                  torch=torch.__version__, timm=timm.__version__, python=platform.python_version(),
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=shlex.join(["python", *(sys.argv if argv is None else ["bench/gpu_step.py", *argv])]),
-                  num_threads=torch.get_num_threads(), load_avg_end=list(os.getloadavg()),
-                  batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                  compile_backend=args.compile_backend, wall_s=time.perf_counter() - t_start, rows=rows,
-                  skipped=skipped, explain=explained or None)
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower().split(":")[0]).strip("_")
     out = args.out or RESULTS / f"gpu_step_{slug}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+
+    def save(rows: list, skipped: list, explained: dict) -> dict:
+        report = dict(benchmark="gpu_step", step="draw corruption, forward, backward, AdamW step, zero_grad",
+                      device=str(device), device_name=name, peak_bf16_dense_tflops=peak, peak_source=peak_source,
+                      torch=torch.__version__, timm=timm.__version__, python=platform.python_version(),
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      command=shlex.join(["python", *(sys.argv if argv is None else ["bench/gpu_step.py", *argv])]),
+                      num_threads=torch.get_num_threads(), load_avg_end=list(os.getloadavg()),
+                      batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                      compile_backend=args.compile_backend, wall_s=time.perf_counter() - t_start, rows=rows,
+                      skipped=skipped, explain=explained or None)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        return report
+
+    rows, skipped, explained = measure(args, device, peak, why, save)
+    print_table(rows, skipped)
+    report = save(rows, skipped, explained)
     print(f"wrote {out} ({report['wall_s']:.0f} s)")
     return report
 

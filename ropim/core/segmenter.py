@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ropim.core.backbone import build_classifier
 from ropim.core.upernet import UperNetViT, block_indices
@@ -43,3 +44,17 @@ def segmenter_from_encoder(name: str, kwargs: dict, state: dict[str, torch.Tenso
     actions = (*clf.actions, f"UperNet ({channels} channels) on blocks {[i + 1 for i in indices]} of "
                              f"{len(indices) and max(indices) + 1}, auxiliary FCN head on block {indices[2] + 1}")
     return Segmenter(model, config, actions)
+
+
+def seg_loss(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], target: torch.Tensor, aux_weight: float,
+             ignore_index: int) -> torch.Tensor:
+    """Cross-entropy (pixels labelled ``ignore_index`` left out) of the logits, upsampled to the labels' size, plus
+    ``aux_weight`` × that of the auxiliary head's."""
+    logits, aux = outputs if isinstance(outputs, tuple) else (outputs, None)
+    size = target.shape[-2:]
+    loss = F.cross_entropy(F.interpolate(logits, size=size, mode="bilinear", align_corners=False), target,
+                           ignore_index=ignore_index)
+    if aux is not None and aux_weight:
+        up = F.interpolate(aux, size=size, mode="bilinear", align_corners=False)
+        loss = loss + aux_weight * F.cross_entropy(up, target, ignore_index=ignore_index)
+    return loss

@@ -16,11 +16,10 @@ import logging
 import re
 
 import torch
-import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ropim.core.segmenter import segmenter_from_encoder
+from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
 from ropim.data.seg_sources import IGNORE, open_seg_source
 from ropim.errors import ConfigError
@@ -36,19 +35,6 @@ log = logging.getLogger("ropim.segment")
 def metric_name(name: str) -> str:
     """A class name as an MLflow metric key part."""
     return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name) or "_"
-
-
-def seg_loss(outputs, target: torch.Tensor, aux_weight: float) -> torch.Tensor:
-    """Cross-entropy (ignoring label 255) of the logits, upsampled to the labels' size, plus ``aux_weight`` × that of
-    the auxiliary head's."""
-    logits, aux = outputs if isinstance(outputs, tuple) else (outputs, None)
-    size = target.shape[-2:]
-    loss = F.cross_entropy(F.interpolate(logits, size=size, mode="bilinear", align_corners=False), target,
-                           ignore_index=IGNORE)
-    if aux is not None and aux_weight:
-        up = F.interpolate(aux, size=size, mode="bilinear", align_corners=False)
-        loss = loss + aux_weight * F.cross_entropy(up, target, ignore_index=IGNORE)
-    return loss
 
 
 @torch.no_grad()
@@ -124,7 +110,7 @@ class SegmentTask:
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
         y = batch[1].to(self.worker.device, non_blocking=self.cfg.pin_memory)
-        return seg_loss(model(x), y, self.cfg.aux_weight), x.shape[0]
+        return seg_loss(model(x), y, self.cfg.aux_weight, IGNORE), x.shape[0]
 
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         k, w = len(self.classes), self.worker
