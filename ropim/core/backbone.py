@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import timm
 import torch
-from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table_simple
+from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropim.core.config import ARCHS, BACKBONES, WIDTHS
+from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
 
 BEIT_NAME = "beit_base_patch16_224"  # timm's registered Beit; every width-defining argument is passed explicitly
@@ -183,8 +184,8 @@ def build_classifier(name: str, kwargs: dict, state: dict[str, torch.Tensor] | N
 
     - ``vit``: weights loaded as they are; the absolute position embedding resampled (bicubic) on a new grid.
     - ``beit``: the shared relative position bias table copied into every block's own table, resampled when the
-      grid changes (the (2g-1)² offsets bicubically, the 3 cls entries kept); position index buffers are the new
-      model's own.
+      grid changes as BEiT does (``ropim.core.relpos``: geometric offsets, bicubic spline, the 3 cls entries kept);
+      position index buffers are the new model's own.
     """
     name, ckw = classifier_spec(name, kwargs, num_classes, img_size, drop_path)
     model = timm.create_model(name, pretrained=False, **ckw)
@@ -224,12 +225,11 @@ def _per_block_tables(model: Beit, state: dict[str, torch.Tensor], old: tuple[in
     tables = [k for k in state if k.endswith(TABLE)]
     if old != new and tables:
         n_old, n_new = (2 * old[0] - 1) * (2 * old[1] - 1), (2 * new[0] - 1) * (2 * new[1] - 1)
-        for k in tables:  # (n_old + 3, heads) -> (n_new + 3, heads); the helper assumes a square source grid
-            state[k] = resize_rel_pos_bias_table_simple(state[k], new_window_size=new,
-                                                        new_bias_shape=(n_new + 3, state[k].shape[1]))
+        for k in tables:  # (n_old + 3, heads) -> (n_new + 3, heads)
+            state[k] = resize_rel_pos_bias_table(state[k], old, new)
         actions.append(f"relative position bias resampled from a {old[0]}x{old[1]} to a {new[0]}x{new[1]} grid "
-                       f"({n_old}+3 -> {n_new}+3 entries: bicubic, the 3 cls entries kept; "
-                       "timm resize_rel_pos_bias_table_simple)")
+                       f"({n_old}+3 -> {n_new}+3 entries: BEiT's geometric offsets and bicubic spline, offsets 0 "
+                       "and ±1 and the 3 cls entries kept)")
     shared = state.pop(SHARED_TABLE, None)
     if shared is not None:
         for i in range(len(model.blocks)):
