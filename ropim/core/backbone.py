@@ -15,11 +15,12 @@ Pure torch + timm: no Ray, no MLflow.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import timm
 import torch
-from timm.layers import resample_abs_pos_embed
+from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models import VisionTransformer
 from timm.models.beit import Beit
 from torch import nn
@@ -86,6 +87,29 @@ def create_encoder(name: str, kwargs: dict, **overrides) -> Encoder:
     """A randomly initialised encoder from an ``encoder_spec`` pair (``overrides`` replace kwargs); never downloads."""
     backbone_of(name)
     return timm.create_model(name, pretrained=False, **{**kwargs, **overrides})
+
+
+def official_init_(encoder: Beit, std: float = 0.02) -> Beit:
+    """Re-initialise a ``beit`` encoder in place as the paper's code does (csiro-robotics/ROPIM ``models/ropim.py``
+    over ``models/vision_transformer.py``, which is BEiT's ``modeling_pretrain.py`` scheme): the weights of every
+    Linear and of the patch-embedding convolution, and the cls token, from N(0, std²) cut at ±std (their
+    ``trunc_normal_`` passes a=-std, b=std: effective std 0.539·std ≈ 0.0108, |w| ≤ 0.02), those layers' biases 0,
+    then block l's attn.proj and mlp.fc2 weights divided by √(2l), l = 1…depth. What timm builds stays: LayerNorms
+    (1, 0), q/v biases (0), layer scales (``init_values``) and the relative position bias table (0), as in theirs.
+    Drawn with timm's ``trunc_normal_`` (inverse CDF), the function their code calls. timm's own init cuts at ±2
+    (absolute), so its weights have std 0.02, and leaves the patch embedding at torch's default; the ``vit``
+    backbone and the CPU presets keep timm's."""
+    with torch.no_grad():
+        for m in encoder.modules():
+            if isinstance(m, nn.Linear | nn.Conv2d):
+                trunc_normal_(m.weight, std=std, a=-std, b=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        trunc_normal_(encoder.cls_token, std=std, a=-std, b=std)
+        for layer, blk in enumerate(encoder.blocks, start=1):
+            blk.attn.proj.weight.div_(math.sqrt(2.0 * layer))
+            blk.mlp.fc2.weight.div_(math.sqrt(2.0 * layer))
+    return encoder
 
 
 def encode_patch_embeddings(encoder: Encoder, x: torch.Tensor) -> torch.Tensor:
