@@ -100,7 +100,7 @@ class ROPIM(nn.Module):
         device = generator.device if generator is not None else self.decoder.weight.device
         return draw_sketch(
             batch_size, self.cfg.n_tokens, self.cfg.rho, generator=generator, device=device,
-            hashing=self.cfg.hashing,
+            hashing=self.cfg.hashing, literal_scale=self.cfg.literal_scale,
         )
 
     def reconstruct(self, imgs: torch.Tensor, sketch: Corruption) -> torch.Tensor:
