@@ -151,6 +151,6 @@ def official_hashes(batch_size: int, n_tokens: int, n_buckets: int, generator: t
     0…K'−1 laid end to end, s the first N entries of a random permutation of [−1, +1] × ⌈N/2⌉."""
     runs, n_signs = -(-n_tokens // n_buckets), n_tokens + n_tokens % 2
     blocks = torch.rand(batch_size, runs, n_buckets, generator=generator, device=device).argsort(dim=2)
-    h = blocks.reshape(batch_size, runs * n_buckets)[:, :n_tokens]
+    h = blocks.reshape(batch_size, runs * n_buckets)[:, :n_tokens].contiguous()
     ranks = torch.rand(batch_size, n_signs, generator=generator, device=device).argsort(dim=1)[:, :n_tokens]
     return h, (ranks % 2).float().mul_(2).sub_(1)  # list entry r of [−1, +1, −1, …] is +1 for odd r
