@@ -38,6 +38,8 @@ def test_paper_presets():
     for name in PRETRAIN:
         cfg = load(name)
         assert cfg.model.rho == pytest.approx(1 / 7)
+        paper = name.endswith(("_in1k", "_in100"))
+        assert (cfg.model.backbone, cfg.model.init) == (("beit", "official") if paper else ("vit", "timm")), name
         assert cfg.model.n_tokens > 1 and cfg.model.img_size % cfg.model.patch_size == 0
 
 
@@ -56,6 +58,7 @@ def test_overrides_apply_in_order():
         (["--model.img_size", "30", "--model.patch_size", "4"], "patch size must divide"),
         (["--model.arch", "vit_giant_patch99"], "arch='vit_giant_patch99'"),
         (["--model.backbone", "swin"], "backbone='swin'"),
+        (["--model.init", "official"], "model.init='official'"),
         (["--global_batch_size", "10", "--num_workers", "3"], "not divisible by num_workers=3"),
         (["--preset", "nope"], "unknown --preset 'nope'"),
     ],

@@ -15,17 +15,19 @@ Pure torch + timm: no Ray, no MLflow.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import timm
 import torch
-from timm.layers import resample_abs_pos_embed, resize_rel_pos_bias_table_simple
+from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models import VisionTransformer
 from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ropim.core.config import ARCHS, BACKBONES, WIDTHS
+from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
 
 BEIT_NAME = "beit_base_patch16_224"  # timm's registered Beit; every width-defining argument is passed explicitly
@@ -85,6 +87,29 @@ def create_encoder(name: str, kwargs: dict, **overrides) -> Encoder:
     """A randomly initialised encoder from an ``encoder_spec`` pair (``overrides`` replace kwargs); never downloads."""
     backbone_of(name)
     return timm.create_model(name, pretrained=False, **{**kwargs, **overrides})
+
+
+def official_init_(encoder: Beit, std: float = 0.02) -> Beit:
+    """Re-initialise a ``beit`` encoder in place as the paper's code does (csiro-robotics/ROPIM ``models/ropim.py``
+    over ``models/vision_transformer.py``, which is BEiT's ``modeling_pretrain.py`` scheme): the weights of every
+    Linear and of the patch-embedding convolution, and the cls token, from N(0, std²) cut at ±std (their
+    ``trunc_normal_`` passes a=-std, b=std: effective std 0.539·std ≈ 0.0108, |w| ≤ 0.02), those layers' biases 0,
+    then block l's attn.proj and mlp.fc2 weights divided by √(2l), l = 1…depth. What timm builds stays: LayerNorms
+    (1, 0), q/v biases (0), layer scales (``init_values``) and the relative position bias table (0), as in theirs.
+    Drawn with timm's ``trunc_normal_`` (inverse CDF), the function their code calls. timm's own init cuts at ±2
+    (absolute), so its weights have std 0.02, and leaves the patch embedding at torch's default; the ``vit``
+    backbone and the CPU presets keep timm's."""
+    with torch.no_grad():
+        for m in encoder.modules():
+            if isinstance(m, nn.Linear | nn.Conv2d):
+                trunc_normal_(m.weight, std=std, a=-std, b=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        trunc_normal_(encoder.cls_token, std=std, a=-std, b=std)
+        for layer, blk in enumerate(encoder.blocks, start=1):
+            blk.attn.proj.weight.div_(math.sqrt(2.0 * layer))
+            blk.mlp.fc2.weight.div_(math.sqrt(2.0 * layer))
+    return encoder
 
 
 def encode_patch_embeddings(encoder: Encoder, x: torch.Tensor) -> torch.Tensor:
@@ -183,8 +208,8 @@ def build_classifier(name: str, kwargs: dict, state: dict[str, torch.Tensor] | N
 
     - ``vit``: weights loaded as they are; the absolute position embedding resampled (bicubic) on a new grid.
     - ``beit``: the shared relative position bias table copied into every block's own table, resampled when the
-      grid changes (the (2g-1)² offsets bicubically, the 3 cls entries kept); position index buffers are the new
-      model's own.
+      grid changes as BEiT does (``ropim.core.relpos``: geometric offsets, bicubic spline, the 3 cls entries kept);
+      position index buffers are the new model's own.
     """
     name, ckw = classifier_spec(name, kwargs, num_classes, img_size, drop_path)
     model = timm.create_model(name, pretrained=False, **ckw)
@@ -224,12 +249,11 @@ def _per_block_tables(model: Beit, state: dict[str, torch.Tensor], old: tuple[in
     tables = [k for k in state if k.endswith(TABLE)]
     if old != new and tables:
         n_old, n_new = (2 * old[0] - 1) * (2 * old[1] - 1), (2 * new[0] - 1) * (2 * new[1] - 1)
-        for k in tables:  # (n_old + 3, heads) -> (n_new + 3, heads); the helper assumes a square source grid
-            state[k] = resize_rel_pos_bias_table_simple(state[k], new_window_size=new,
-                                                        new_bias_shape=(n_new + 3, state[k].shape[1]))
+        for k in tables:  # (n_old + 3, heads) -> (n_new + 3, heads)
+            state[k] = resize_rel_pos_bias_table(state[k], old, new)
         actions.append(f"relative position bias resampled from a {old[0]}x{old[1]} to a {new[0]}x{new[1]} grid "
-                       f"({n_old}+3 -> {n_new}+3 entries: bicubic, the 3 cls entries kept; "
-                       "timm resize_rel_pos_bias_table_simple)")
+                       f"({n_old}+3 -> {n_new}+3 entries: BEiT's geometric offsets and bicubic spline, offsets 0 "
+                       "and ±1 and the 3 cls entries kept)")
     shared = state.pop(SHARED_TABLE, None)
     if shared is not None:
         for i in range(len(model.blocks)):

@@ -21,7 +21,10 @@ ARCHS = tuple(WIDTHS)
 BACKBONES = ("vit", "beit")  # timm VisionTransformer (absolute position embedding) | the paper's BEiT-style ViT
 CORRUPTIONS = ("rop", "mask", "none")
 LOSSES = ("l1", "l2")
-HASHINGS = ("balanced", "uniform")
+HASHINGS = ("balanced", "uniform", "official")  # official: the paper's code's buckets and signs (ropim.core.sketch)
+# timm: timm's Beit/VisionTransformer init (weights N(0, 0.02²) cut at ±2, i.e. uncut); official: the paper's code's
+# (BEiT's trunc_normal_ cut at ±1σ, ``ropim.core.backbone.official_init_``), beit only
+INITS = ("timm", "official")
 
 
 def check_rho(rho: float) -> None:
@@ -70,6 +73,8 @@ class ModelConfig:
     corruption: str = "rop"
     loss: str = "l1"
     hashing: str = "balanced"
+    literal_scale: bool = False  # True: S = rho·PᵀP as the paper's code (0.14·PᵀP = 0.98 Π at N=196) in place of Π
+    init: str = "timm"  # the paper presets: official (their encoders were trained from it); the CPU presets: timm
     mask_ratio: float = 0.6  # corruption="mask": share of mask units hidden per image (SimMIM's 0.6)
     mask_patch_size: int | None = None  # mask unit in pixels; None: 32 px at 224², scaled (see mask_unit)
 
@@ -94,6 +99,11 @@ class ModelConfig:
         if self.loss not in LOSSES:
             raise ConfigError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
         check_hashing(self.hashing)
+        if not isinstance(self.literal_scale, bool):
+            raise ConfigError(f"model.literal_scale={self.literal_scale!r}: must be true or false")
+        if self.init not in INITS or (self.init == "official" and self.backbone != "beit"):
+            raise ConfigError(f"model.init={self.init!r}: choose one of {', '.join(INITS)} ('official' is the paper's "
+                              "initialisation of its BEiT-style model: it needs backbone: beit)")
         n_buckets_for(self.n_tokens, self.rho)
         self._validate_mask()
         return self

@@ -32,8 +32,9 @@ def encoder_spec(cfg: ModelConfig) -> tuple[str, dict]:
 
 
 def create_encoder(cfg: ModelConfig, **overrides) -> backbone.Encoder:
-    """A randomly initialised encoder of ``cfg``'s backbone; never downloads weights."""
-    return backbone.create_encoder(*encoder_spec(cfg), **overrides)
+    """A randomly initialised encoder of ``cfg``'s backbone, initialised as ``cfg.init`` says; never downloads."""
+    encoder = backbone.create_encoder(*encoder_spec(cfg), **overrides)
+    return backbone.official_init_(encoder) if cfg.init == "official" else encoder
 
 
 def patchify(imgs: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -67,7 +68,8 @@ class ROPIM(nn.Module):
         if cfg.corruption == "mask":
             # SimMIM's learnable mask token; outside self.encoder so the exported encoder state never holds it
             self.mask_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-            nn.init.trunc_normal_(self.mask_token, mean=0.0, std=0.02)
+            cut = 0.02 if cfg.init == "official" else 2.0  # SimMIM's official code cuts at ±1σ too
+            nn.init.trunc_normal_(self.mask_token, mean=0.0, std=0.02, a=-cut, b=cut)
 
     def no_weight_decay(self) -> set[str]:
         """Full names of the parameters kept out of weight decay (timm's create_optimizer_v2 reads this):
@@ -98,7 +100,7 @@ class ROPIM(nn.Module):
         device = generator.device if generator is not None else self.decoder.weight.device
         return draw_sketch(
             batch_size, self.cfg.n_tokens, self.cfg.rho, generator=generator, device=device,
-            hashing=self.cfg.hashing,
+            hashing=self.cfg.hashing, literal_scale=self.cfg.literal_scale,
         )
 
     def reconstruct(self, imgs: torch.Tensor, sketch: Corruption) -> torch.Tensor:

@@ -7,7 +7,15 @@ c the bucket sizes, and the exact orthogonal projector onto P's row space is
     Π = Pᵀ diag(1/c) P            (empty buckets contribute nothing)
 
 ``project`` applies Π with one scatter-add (P x) and one gather (Pᵀ y): O(B·N·D), no N×N matrix;
-its backward applies Π again (Π is symmetric).
+its backward applies Π again (Π is symmetric). With ``literal_scale`` it applies the paper's code's operator
+S = ρ·PᵀP instead (ρ as written: its 0.14·PᵀP is 0.98 Π at N = 196, so S is not idempotent).
+
+Three ways to draw h and s (``draw_sketch``): ``balanced`` (the default), ``uniform``, and ``official``, the paper's
+code's (csiro-robotics/ROPIM ``data/data_ropim.py``, ``SketchGenerator``): h is ⌈N/K'⌉ random permutations of the
+K' buckets laid end to end, so two tokens in the same run of K' consecutive tokens never share a bucket, and s is
+a random arrangement of N/2 signs +1 and N/2 signs −1. Their generator needs K' | N and N even (it fails at
+N = 64, 49, 256, 784); here the last run is cut to N mod K' tokens and, for odd N, the sign list to N entries, so
+bucket sizes differ by at most one and ⌊N/2⌋ or ⌈N/2⌉ signs are positive.
 Pure torch: no Ray, no timm.
 """
 
@@ -29,6 +37,7 @@ class Sketch:
     n_buckets: int  # K'
     counts: torch.Tensor  # (B, K') float bucket sizes c
     slots: torch.Tensor  # (B·N,) int64 slot of each token (``token_slots``), drawn with h and s
+    scale: float | None = None  # None: Π = Pᵀ diag(1/c) P; a number ρ: S = ρ·PᵀP (the paper's code)
 
     @property
     def n_tokens(self) -> int:
@@ -42,10 +51,12 @@ class Sketch:
         return sums[:, 0] - sums[:, 1]
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
-        """Π x without autograd bookkeeping: y = diag(1/c) P x on the K' bucket rows, then row j = s_j y_{h_j}
-        as one gather from the table [y, −y] (empty buckets have y = 0, so clamping c never changes Π)."""
+        """Π x without autograd bookkeeping: y = diag(1/c) P x (or ρ·P x) on the K' bucket rows, then row
+        j = s_j y_{h_j} as one gather from the table [y, −y] (empty buckets have y = 0, so clamping c never
+        changes Π)."""
         b, n, d = x.shape
-        y = self._bucket_sums(x) / self.counts.clamp(min=1).reshape(-1, 1).to(x.dtype)  # (B·K', D)
+        y = self._bucket_sums(x)  # (B·K', D)
+        y = y * self.scale if self.scale is not None else y / self.counts.clamp(min=1).reshape(-1, 1).to(x.dtype)
         table = torch.stack((y, -y), dim=1).view(2 * b * self.n_buckets, d)
         return table.index_select(0, self.slots).view(b, n, d)
 
@@ -54,11 +65,11 @@ class Sketch:
         return self._bucket_sums(x).view(x.shape[0], self.n_buckets, x.shape[2])
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        """Π x = Pᵀ diag(1/c) P x along the token axis: (B, N, D) -> (B, N, D), same dtype."""
+        """Π x = Pᵀ diag(1/c) P x (or S x = ρ·PᵀP x) along the token axis: (B, N, D) -> (B, N, D), same dtype."""
         return _Projection.apply(x, self)
 
     def complement(self, x: torch.Tensor) -> torch.Tensor:
-        """(I − Π) x."""
+        """(I − Π) x (or (I − S) x)."""
         return x - self.project(x)
 
     def matrix(self) -> torch.Tensor:
@@ -68,10 +79,11 @@ class Sketch:
         return p.scatter_(1, self.h.unsqueeze(1), self.s.float().unsqueeze(1))
 
     def dense(self) -> torch.Tensor:
-        """Π as dense (B, N, N) float32 matrices, for tests and pictures only."""
+        """Π (or S) as dense (B, N, N) float32 matrices, for tests and pictures only."""
         p = self.matrix()
         inv_c = torch.where(self.counts > 0, 1.0 / self.counts.clamp(min=1), torch.zeros_like(self.counts))
-        return p.transpose(1, 2) @ (inv_c.float().unsqueeze(-1) * p)
+        weights = inv_c if self.scale is None else torch.full_like(inv_c, self.scale)
+        return p.transpose(1, 2) @ (weights.float().unsqueeze(-1) * p)
 
 
 def token_slots(h: torch.Tensor, s: torch.Tensor, n_buckets: int) -> torch.Tensor:
@@ -104,23 +116,41 @@ def draw_sketch(
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     hashing: str = "balanced",
+    literal_scale: bool = False,
 ) -> Sketch:
     """Draw one count sketch per image on ``device`` from ``generator``.
 
-    ``balanced``: a random permutation of the tokens, the token at rank k goes to bucket k mod K'
-    (bucket sizes differ by at most one, as in the paper's code). ``uniform``: h_j i.i.d. uniform.
+    ``balanced``: a random permutation of the tokens, the token at rank k goes to bucket k mod K' (bucket sizes
+    differ by at most one, as in the paper's code, but any two tokens may share a bucket), signs i.i.d.
+    ``uniform``: h_j i.i.d. uniform, signs i.i.d. ``official``: the paper's code's buckets and signs (module
+    docstring). ``literal_scale``: the sketch applies S = ρ·PᵀP rather than Π.
     """
     k = n_buckets_for(n_tokens, rho)
     check_hashing(hashing)
     if generator is not None and device is None:
         device = generator.device
     shape = (batch_size, n_tokens)
-    if hashing == "balanced":
-        perm = torch.rand(shape, generator=generator, device=device).argsort(dim=1)
-        buckets = (torch.arange(n_tokens, device=device) % k).expand(shape)
-        h = torch.empty(shape, dtype=torch.int64, device=device).scatter_(1, perm, buckets)
+    if hashing == "official":
+        h, s = official_hashes(batch_size, n_tokens, k, generator, device)
     else:
-        h = torch.randint(0, k, shape, generator=generator, device=device)
-    s = torch.randint(0, 2, shape, generator=generator, device=device).float().mul_(2).sub_(1)
+        if hashing == "balanced":
+            perm = torch.rand(shape, generator=generator, device=device).argsort(dim=1)
+            buckets = (torch.arange(n_tokens, device=device) % k).expand(shape)
+            h = torch.empty(shape, dtype=torch.int64, device=device).scatter_(1, perm, buckets)
+        else:
+            h = torch.randint(0, k, shape, generator=generator, device=device)
+        s = torch.randint(0, 2, shape, generator=generator, device=device).float().mul_(2).sub_(1)
     counts = torch.zeros(batch_size, k, device=device).scatter_add_(1, h, torch.ones(shape, device=device))
-    return Sketch(h=h, s=s, n_buckets=k, counts=counts, slots=token_slots(h, s, k))
+    return Sketch(h=h, s=s, n_buckets=k, counts=counts, slots=token_slots(h, s, k),
+                  scale=float(rho) if literal_scale else None)
+
+
+def official_hashes(batch_size: int, n_tokens: int, n_buckets: int, generator: torch.Generator | None,
+                    device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, s) of the paper's code, one per image: h the first N entries of ⌈N/K'⌉ random permutations of
+    0…K'−1 laid end to end, s the first N entries of a random permutation of [−1, +1] × ⌈N/2⌉."""
+    runs, n_signs = -(-n_tokens // n_buckets), n_tokens + n_tokens % 2
+    blocks = torch.rand(batch_size, runs, n_buckets, generator=generator, device=device).argsort(dim=2)
+    h = blocks.reshape(batch_size, runs * n_buckets)[:, :n_tokens].contiguous()
+    ranks = torch.rand(batch_size, n_signs, generator=generator, device=device).argsort(dim=1)[:, :n_tokens]
+    return h, (ranks % 2).float().mul_(2).sub_(1)  # list entry r of [−1, +1, −1, …] is +1 for odd r

@@ -54,8 +54,9 @@ def encoder_config(cfg: PretrainConfig, embed_dim: int) -> dict:
     return {
         "arch": name, "backbone": m.backbone, "width": m.arch, "img_size": m.img_size, "patch_size": m.patch_size,
         "in_chans": m.in_chans, "embed_dim": embed_dim, "depth": m.depth, "rho": m.rho, "corruption": m.corruption,
-        "loss": m.loss, "hashing": m.hashing, "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size,
-        "epochs": cfg.epochs, "dataset": cfg.data.source, "timm_kwargs": kwargs,
+        "loss": m.loss, "hashing": m.hashing, "literal_scale": m.literal_scale, "init": m.init,
+        "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size, "epochs": cfg.epochs,
+        "dataset": cfg.data.source, "timm_kwargs": kwargs,
     }
 
 

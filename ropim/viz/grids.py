@@ -91,7 +91,8 @@ def draw_corruption_for(cfg: ModelConfig, batch_size: int, generator: torch.Gene
     if cfg.corruption == "mask":
         return draw_mask(batch_size, cfg.img_size, cfg.patch_size, cfg.mask_unit, cfg.n_masked_units,
                          generator=generator, device=device)
-    return draw_sketch(batch_size, cfg.n_tokens, cfg.rho, generator=generator, device=device, hashing=cfg.hashing)
+    return draw_sketch(batch_size, cfg.n_tokens, cfg.rho, generator=generator, device=device, hashing=cfg.hashing,
+                       literal_scale=cfg.literal_scale)
 
 
 def corruption_columns(imgs: torch.Tensor, patch_size: int, corruption: Corruption,

@@ -7,7 +7,6 @@ import json
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 from timm.models.beit import RelativePositionBias
 from timm.optim import create_optimizer_v2
 
@@ -22,6 +21,7 @@ from ropim.core.backbone import (
     encoder_spec,
     no_weight_decay,
 )
+from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
 
 TINY = dict(img_size=32, patch_size=4, depth=2)  # an 8x8 grid: 64 tokens
@@ -150,9 +150,9 @@ def test_beit_classifier_resamples_the_bias_table_at_a_new_resolution():
     shared = enc.rel_pos_bias.relative_position_bias_table  # (15² + 3, heads) on the 8x8 grid
     table = model.blocks[1].attn.relative_position_bias_table
     assert table.shape == (23 * 23 + 3, 3)  # 12x12 grid
-    expected = F.interpolate(shared[:-3].T.reshape(1, 3, 15, 15), size=(23, 23), mode="bicubic",
-                             align_corners=False).reshape(3, -1).T
-    torch.testing.assert_close(table[:-3], expected)
+    torch.testing.assert_close(table, resize_rel_pos_bias_table(shared, (8, 8), (12, 12)))  # BEiT's way
+    near_old = shared[:-3].reshape(15, 15, 3)[6:9, 6:9]  # offsets −1, 0, 1 on each axis
+    torch.testing.assert_close(table[:-3].reshape(23, 23, 3)[10:13, 10:13], near_old, rtol=0, atol=1e-5)
     assert torch.equal(table[-3:], shared[-3:])
     assert torch.equal(model.blocks[0].attn.relative_position_bias_table, table)
     assert model.blocks[0].attn.relative_position_index.shape == (145, 145)

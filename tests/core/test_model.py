@@ -197,6 +197,9 @@ def test_forward_backward(backbone):
         (dict(arch="resnet50"), "arch"),
         (dict(corruption="blur"), "corruption"),
         (dict(loss="l3"), "loss"),
+        (dict(init="official"), r"model.init='official'.*needs backbone: beit"),
+        (dict(init="xavier", backbone="beit"), "model.init='xavier'"),
+        (dict(literal_scale="yes"), "model.literal_scale='yes'"),
     ],
 )
 def test_bad_config_raises_value_error(changes, match):

@@ -190,7 +190,7 @@ def test_sketch_is_p_times_x():
     torch.testing.assert_close(sk.sketch(x), sk.matrix() @ x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("hashing", ["balanced", "uniform"])
+@pytest.mark.parametrize("hashing", ["balanced", "uniform", "official"])
 def test_seed_reproducibility(hashing):
     a = draw_sketch(4, 49, 1 / 7, generator=gen(42), hashing=hashing)
     b = draw_sketch(4, 49, 1 / 7, generator=gen(42), hashing=hashing)

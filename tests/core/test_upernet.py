@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from timm.layers import resize_rel_pos_bias_table_simple
 from timm.optim import create_optimizer_v2
 
 from ropim.core.backbone import create_encoder, encoder_spec
+from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.core.segmenter import segmenter_from_encoder
 from ropim.core.upernet import UperNetViT, block_indices, build_segmenter
 
@@ -67,7 +67,7 @@ def test_beit_shared_bias_is_copied_per_block_and_its_table_resampled():
     for blk in same.model.encoder.blocks:
         torch.testing.assert_close(blk.attn.relative_position_bias_table, shared)  # same 4x4 grid: a plain copy
     larger = segmenter_from_encoder(name, kwargs, state, 4, 64, channels=8, aux_channels=8)  # 8x8 grid
-    expected = resize_rel_pos_bias_table_simple(shared, new_window_size=(8, 8), new_bias_shape=(15 * 15 + 3, 3))
+    expected = resize_rel_pos_bias_table(shared, (4, 4), (8, 8))  # BEiT's geometric offsets (tests/core/test_relpos)
     for blk in larger.model.encoder.blocks:
         table = blk.attn.relative_position_bias_table
         assert table.shape == (15 * 15 + 3, 3)

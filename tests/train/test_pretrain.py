@@ -4,6 +4,7 @@ with Ray Data ingest."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from support import tiny_finetune, tiny_pretrain
 from ropim.core.config import ModelConfig
 from ropim.core.model import create_encoder
 from ropim.tracking import registry, store
+from ropim.train.config import PretrainConfig
 from ropim.train.finetune import finetune
-from ropim.train.pretrain import pretrain
+from ropim.train.pretrain import encoder_config, pretrain
+from ropim.viz.command import model_config
 
 TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
 
@@ -50,6 +53,24 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
     tags = c.get_model_version(name, version).tags
     assert tags["rho"] == str(1 / 7) and tags["dataset"] == "digits" and tags["run_id"] == result.run_id
     assert Path(result.checkpoint_path, "model.safetensors").exists()
+
+
+def test_stored_configs_keep_the_init_and_the_sketch_scale_and_older_ones_read_as_before():
+    """A registered encoder's config.json and a run's stored config carry ``model.init`` and
+    ``model.literal_scale``; those stored before the fields read as what was built then (timm's init, exact Π)."""
+    model = ModelConfig(img_size=32, patch_size=4, backbone="beit", init="official", hashing="official",
+                        literal_scale=True, rho=0.14)
+    stored = json.loads(json.dumps(encoder_config(PretrainConfig(model=model), 192)))
+    back = model_config(stored)
+    assert (back.backbone, back.init, back.hashing, back.literal_scale, back.rho) == ("beit", "official", "official",
+                                                                                      True, 0.14)
+    older = model_config({k: v for k, v in stored.items() if k not in ("init", "literal_scale")})
+    assert (older.init, older.literal_scale) == ("timm", False)
+    run_config = json.loads(json.dumps(PretrainConfig(model=model).to_dict()))
+    assert PretrainConfig.from_dict(run_config).model == model
+    for field in ("init", "literal_scale"):
+        del run_config["model"][field]
+    assert PretrainConfig.from_dict(run_config).model == replace(model, init="timm", literal_scale=False)
 
 
 @pytest.mark.faults
