@@ -78,7 +78,7 @@ class Recipe:
 
 def model_config(recipe: Recipe, corruption: str) -> ModelConfig:
     return ModelConfig(arch="vit_tiny_patch16_224", backbone="beit", img_size=32, patch_size=4, depth=recipe.depth,
-                       drop_path_rate=recipe.drop_path, rho=1 / 7, corruption=corruption).validate()
+                       drop_path_rate=recipe.drop_path, rho=1 / 7, corruption=corruption, init="official").validate()
 
 
 # ---- data: decoded once, kept on the device as uint8 ----
@@ -338,8 +338,9 @@ def plan(args, data: dict, recipe: Recipe, sync, t_start: float) -> dict:
                 finetune_epochs=epochs, seconds_left=left)
 
 
-def run_all(args, data: dict, recipe: Recipe, budget: dict, sync) -> list[dict]:
-    rows = []
+def run_all(args, data: dict, recipe: Recipe, budget: dict, sync, save) -> list[dict]:
+    """Pretrain + fine-tune ROPIM and SimMIM, fine-tune from random init; ``save(rows)`` after every run."""
+    rows: list[dict] = []
     for c in PRETRAINED:
         pre = Pretraining(c, data, recipe, args.seed, args)
         stats = pre.train(budget["pretrain_steps"][c], sync)
@@ -352,11 +353,13 @@ def run_all(args, data: dict, recipe: Recipe, budget: dict, sync) -> list[dict]:
         print(f"[{c}] fine-tuned {ft['epochs']} epochs in {ft['seconds']:.0f} s: top-1 {ft['top1']:.2f}%", flush=True)
         rows.append(dict(method={"rop": "ROPIM", "mask": "SimMIM"}[c], corruption=c, pretrain=stats, finetune=ft,
                          layer_decay=recipe.layer_decay))
+        save(rows)
     for decay in (recipe.layer_decay, None):
         label = f"none finetune (layer decay {decay or 'off'})"
         ft = Finetune(None, data, recipe, args.seed, args, decay).train(budget["finetune_epochs"], sync, label)
         print(f"[none] {label}: {ft['epochs']} epochs in {ft['seconds']:.0f} s: top-1 {ft['top1']:.2f}%", flush=True)
         rows.append(dict(method="none", corruption=None, pretrain=None, finetune=ft, layer_decay=decay))
+        save(rows)
     return rows
 
 
@@ -411,15 +414,21 @@ def main(argv: list[str] | None = None) -> dict:
     print("measured s/step: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in budget["step_s"].items())
           + f"; plan: {budget['pretrain_s']:.0f} s of pretraining per method, {budget['finetune_epochs']} "
           f"fine-tune epochs", flush=True)
-    rows = run_all(args, data, recipe, budget, sync)
+
+    def save(rows: list[dict]) -> dict:
+        report = dict(benchmark="gpu_evidence", device=str(device), device_name=name, torch=torch.__version__,
+                      timm=timm.__version__, python=platform.python_version(), minutes=args.minutes, seed=args.seed,
+                      bf16=args.bf16, recipe=dataclasses.asdict(recipe), n_train=int(data["x"].shape[0]),
+                      data=str(args.data) if args.data else "synthetic", n_test=int(data["test_x"].shape[0]),
+                      load_s=load_s, plan=budget, complete=len(rows) == len(PRETRAINED) + 2,
+                      peak_mem_mib=torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+                      rows=rows, **provenance("bench/gpu_evidence.py", argv, t_start))
+        write_json(report, args.out)
+        return report
+
+    rows = run_all(args, data, recipe, budget, sync, save)
     print_table(rows, name)
-    report = dict(benchmark="gpu_evidence", device=str(device), device_name=name, torch=torch.__version__,
-                  timm=timm.__version__, python=platform.python_version(), minutes=args.minutes, seed=args.seed,
-                  bf16=args.bf16, recipe=dataclasses.asdict(recipe), data=str(args.data) if args.data else "synthetic",
-                  n_train=int(data["x"].shape[0]), n_test=int(data["test_x"].shape[0]), load_s=load_s, plan=budget,
-                  peak_mem_mib=torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
-                  rows=rows, **provenance("bench/gpu_evidence.py", argv, t_start))
-    write_json(report, args.out)
+    report = save(rows)
     print(f"wrote {args.out} ({report['wall_s']:.0f} s of {60 * args.minutes:.0f})")
     return report
 

@@ -292,7 +292,17 @@ def main(argv: list[str] | None = None) -> dict:
     name = device_info(device)[0]
     shape = Shape(batch=args.batch, depth=args.depth, img_scale=args.img_scale, workers=args.workers)
     print(f"{name}; torch {torch.__version__}, timm {timm.__version__}; {dataclasses.asdict(shape)}", flush=True)
-    rows = []
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower().split(":")[0]).strip("_")
+    out = args.out or RESULTS / f"preset_smoke_{slug}.json"
+    rows: list[dict] = []
+
+    def save() -> dict:  # after every preset: a run stopped early keeps what it measured
+        report = dict(benchmark="preset_smoke", device=str(device), device_name=name, torch=torch.__version__,
+                      timm=timm.__version__, shape=dataclasses.asdict(shape), rows=rows,
+                      **provenance("bench/preset_smoke.py", argv, t0))
+        write_json(report, out)
+        return report
+
     for preset in args.presets:
         try:
             rows.append(measure(preset, shape, device))
@@ -300,13 +310,9 @@ def main(argv: list[str] | None = None) -> dict:
         except (RuntimeError, ValueError) as e:  # out of memory, a shape the preset cannot take: say so, go on
             rows.append(dict(preset=preset, job=preset.split("/")[0], error=str(e).splitlines()[0][:300]))
             print(f"{preset}: failed: {rows[-1]['error']}", flush=True)
+        save()
     print_table(rows)
-    report = dict(benchmark="preset_smoke", device=str(device), device_name=name, torch=torch.__version__,
-                  timm=timm.__version__, shape=dataclasses.asdict(shape), rows=rows,
-                  **provenance("bench/preset_smoke.py", argv, t0))
-    slug = re.sub(r"[^a-z0-9]+", "_", name.lower().split(":")[0]).strip("_")
-    out = args.out or RESULTS / f"preset_smoke_{slug}.json"
-    write_json(report, out)
+    report = save()
     print(f"wrote {out} ({report['wall_s']:.0f} s)")
     return report
 
