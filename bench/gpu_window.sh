@@ -11,7 +11,8 @@
 #   3. bench/gpu_step.py       ViT-B/16 step: rop / mask / none, fp32 and bf16                   (cap 60 s)
 #   4. bench/gpu_step.py       ViT-B/16 rop step with every option (torch.compile included)      (cap 100 s)
 # Results go to $OUT when set (the device tool's folder that comes back), else bench/results/, with the log beside
-# them. On an H200 (2026-11-26) the whole window took 415 s. Packages the GPU image lacks or has at other versions travel as wheels in .whl/ (installed into /tmp/site).
+# them. On an H200 (2026-11-26) the whole window took 415 s. Packages the GPU image lacks or has at other versions
+# travel as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tiny=0
