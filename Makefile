@@ -6,7 +6,7 @@ PYTHON ?= python3
 # pip prints one "Location ... is ignored" line per package for this machine's local indexes; hide them.
 QUIET_PIP := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-faults test-cluster lint bench cluster-up cluster-down cluster-status clean
+.PHONY: demo test test-faults test-cluster test-bench lint bench cluster-up cluster-down cluster-status clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-faults: $(VENV)/.installed
 # this machine; `make test` leaves them out
 test-cluster: $(VENV)/.installed
 	$(VENV)/bin/pytest -m cluster
+
+# the benchmarks end to end at their --tiny sizes (marker `bench`): bench/gpu_window.sh --tiny, as on a GPU machine's
+# image without Ray or MLflow
+test-bench: $(VENV)/.installed
+	$(VENV)/bin/pytest -m bench
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/rop_overhead.py

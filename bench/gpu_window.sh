@@ -42,10 +42,10 @@ part() {  # part CAP_SECONDS COMMAND...: run under a time cap, note a failure, g
 }
 
 if [ "$tiny" -eq 1 ]; then
-    part 120 "$py" bench/gpu_evidence.py --tiny --minutes 0.3 --out "$results/gpu_evidence.json"
-    part 200 "$py" bench/preset_smoke.py --tiny --presets pretrain/vit_tiny_in100 finetune/vit_tiny \
+    part 300 "$py" bench/gpu_evidence.py --tiny --minutes 0.3 --out "$results/gpu_evidence.json"
+    part 300 "$py" bench/preset_smoke.py --tiny --presets pretrain/vit_tiny_in100 finetune/vit_tiny \
         graft/vit_base_in1k segment/ade20k_upernet_vit_base --out "$results/preset_smoke.json"
-    part 120 "$py" bench/gpu_step.py --tiny --backbones beit --options bf16 fused --out "$results/gpu_step.json"
+    part 300 "$py" bench/gpu_step.py --tiny --backbones beit --options bf16 fused --out "$results/gpu_step.json"
 else
     part 320 "$py" bench/gpu_evidence.py --data "$data" --minutes 5 --out "$results/gpu_evidence.json"
     part 90 "$py" bench/preset_smoke.py --out "$results/preset_smoke.json"

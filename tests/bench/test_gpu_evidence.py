@@ -1,0 +1,91 @@
+"""bench/gpu_evidence.py's pieces that decide what the GPU run measures: the augmentation on the device, the batches,
+and the plan that gives each pretraining the same seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def ev():
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_evidence", BENCH / "gpu_evidence.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_evidence"] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+        sys.modules.pop("gpu_evidence", None)
+
+
+def images(n: int = 6) -> torch.Tensor:
+    return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def test_full_crop_without_flip_is_the_image(ev, monkeypatch):
+    x = images()
+    monkeypatch.setattr(torch, "rand", lambda *s, **k: torch.tensor([[1.0, 0.5, 0.5, 0.5, 0.9]]).expand(s[0], 5))
+    out = ev.resized_crop_flip(x, (1.0, 1.0), torch.Generator(), ratio=(1.0, 1.0))
+    assert torch.allclose(out, x, atol=1e-5)
+
+
+def test_flip_mirrors_and_small_crops_zoom(ev, monkeypatch):
+    x = images()
+    monkeypatch.setattr(torch, "rand", lambda *s, **k: torch.tensor([[1.0, 0.5, 0.5, 0.5, 0.1]]).expand(s[0], 5))
+    flipped = ev.resized_crop_flip(x, (1.0, 1.0), torch.Generator(), ratio=(1.0, 1.0))
+    assert torch.allclose(flipped, x.flip(-1), atol=1e-5)
+    monkeypatch.setattr(torch, "rand", lambda *s, **k: torch.tensor([[0.0, 0.5, 0.5, 0.5, 0.9]]).expand(s[0], 5))
+    quarter = ev.resized_crop_flip(x, (0.25, 0.25), torch.Generator(), ratio=(1.0, 1.0))  # the central 16x16, x2
+    centre = torch.nn.functional.interpolate(x[:, :, 8:24, 8:24], size=32, mode="bilinear", align_corners=False)
+    inner = (slice(None), slice(None), slice(1, -1), slice(1, -1))  # the border reads pixels beyond the box: real ones
+    assert torch.allclose(quarter[inner], centre[inner], atol=1e-5)
+
+
+def test_crops_stay_inside_the_image(ev):
+    x = torch.ones(64, 3, 32, 32)
+    out = ev.resized_crop_flip(x, (0.08, 1.0), torch.Generator().manual_seed(1))
+    assert torch.allclose(out, x)  # reflection padding would show as other values only if a box left the image
+
+
+def test_random_erase(ev):
+    x = images(200)
+    assert torch.equal(ev.random_erase(x, 0.0, torch.Generator().manual_seed(0)), x)
+    out = ev.random_erase(x, 1.0, torch.Generator().manual_seed(0))
+    share = (out != x).any(1).float().mean((1, 2))  # erased share of each image's pixels
+    assert (share > 0).all() and share.min() >= 0.015 and share.max() <= 0.36  # timm's 2-33 %, rounded to pixels
+    assert 0.1 < share.mean() < 0.25
+
+
+def test_batches_cover_each_epoch_once(ev):
+    b = ev.Batches(10, 3, torch.Generator().manual_seed(0))
+    first = torch.cat([b() for _ in range(3)])
+    assert len(set(first.tolist())) == 9 and b.epochs == 1  # drop last: 3 of 3 batches, no repeats
+    b()
+    assert b.epochs == 2 and math.isclose(b.seen_epochs, 1.3)
+
+
+def test_plan_gives_each_pretraining_the_same_seconds(ev, monkeypatch):
+    times = {"rop": 0.2, "mask": 0.1, "finetune": 0.05}
+    monkeypatch.setattr(ev, "seconds_per_step", lambda step, *a: times[step.__self__.key])
+    monkeypatch.setattr(ev, "Pretraining", lambda c, *a: SimpleNamespace(step=SimpleNamespace(
+        __self__=SimpleNamespace(key=c))))
+    monkeypatch.setattr(ev, "Finetune", lambda *a: SimpleNamespace(step=SimpleNamespace(
+        __self__=SimpleNamespace(key="finetune"))))
+    monkeypatch.setattr(ev.time, "perf_counter", lambda: 0.0)
+    args = SimpleNamespace(seed=0, tiny=True, minutes=10, reserve=0.0, pretrain_share=0.5)
+    data = {"x": torch.zeros(1000, 3, 32, 32, dtype=torch.uint8)}
+    plan = ev.plan(args, data, ev.Recipe(finetune_batch=100), lambda: None, 0.0)
+    assert plan["pretrain_s"] == 150  # half of 600 s over two methods
+    assert plan["pretrain_steps"] == {"rop": 750, "mask": 1500}  # the slower step gets fewer steps, same seconds
+    assert plan["finetune_epochs"] == math.floor(300 / 4 / (10 * 0.05))  # four fine-tunes share the rest
