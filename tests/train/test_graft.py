@@ -133,7 +133,8 @@ def test_graft_presets_validate_and_the_paper_one_is_lgps_vit_b_command():
     assert (paper.lower_blocks, paper.lower_lr_ratio) == (8, 0.1)  # 1.5e-5 for the embedding and blocks 1-8
     assert (paper.temperature, paper.momentum, paper.momentum_cosine) == (0.2, 0.99, True)
     assert (paper.mlp_dim, paper.proj_dim, paper.freeze_patch_embed, paper.crop_min) == (4096, 256, True, 0.08)
-    assert paper.global_batch_size // paper.num_workers == 64  # LGP's 64 images on each of 64 GPUs
+    assert paper.global_batch_size // (paper.num_workers * paper.accum_steps) == 64  # LGP's 64 images per GPU
+    assert paper.num_workers <= 8  # the GPU workers ray_cluster.yaml can start: 8 x 8 accumulation steps
 
 
 def test_local_paths_resolve_against_the_callers_folder(tmp_path, monkeypatch):
