@@ -19,7 +19,7 @@ from typing import Literal
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from ropim import commands
-from ropim.config_files import parser_mode
+from ropim.config_files import check_text, parser_mode
 from ropim.console import quiet_console
 from ropim.errors import ConfigError
 
@@ -57,6 +57,8 @@ def preset_action(folders: dict[str, Path]) -> type[ActionConfigFile]:
                     known = ", ".join(found) or "none"
                     raise ConfigError(f"unknown {option_string} {values!r}; shipped presets: {known}")
                 values = str(found[values])
+            else:
+                check_text(values)
             super().__call__(parser, cfg, values, option_string)
 
     return ConfigOrPreset

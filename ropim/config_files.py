@@ -3,6 +3,8 @@
 * An empty file (or one holding only comments) is an empty config: it changes nothing.
 * A key given twice in one mapping is refused, naming the file, the key and both lines (YAML keeps the last one
   silently, so a forgotten line would win or lose by its position).
+* A file that is not UTF-8 text, not valid YAML, or YAML that is not a mapping (a list, a bare value) is refused in
+  one line that names the file (jsonargparse would print a traceback, or the content without the file).
 
 ``parser_mode()`` registers the loader with jsonargparse's public ``set_loader`` (when a parser is built, never at
 import) and returns the mode name to give ``ArgumentParser(parser_mode=...)``. Values typed on the command line
@@ -47,18 +49,43 @@ def duplicate_key(stream: str) -> tuple[str, int, int] | None:
         return None  # not YAML: the loader itself says so
 
 
+def check_text(path: str | os.PathLike) -> None:
+    """Raise ConfigError naming ``path`` if the file is not UTF-8 text (a binary file given as a config)."""
+    try:
+        with open(path, "rb") as f:
+            f.read().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {os.fspath(path)}: not a text file (byte {e.start} is not UTF-8); give a YAML "
+                          "file of 'key: value' lines") from None
+    except OSError:
+        return  # missing or unreadable: jsonargparse names the path itself
+
+
 def load(stream: str, path: str | os.PathLike = ""):
-    """jsonargparse's YAML loader; for a file (``path``) an empty one is ``{}`` and a duplicated key a ConfigError."""
+    """jsonargparse's YAML loader; for a file (``path``) an empty one is ``{}``, and a duplicated key, invalid YAML or
+    YAML that is not a mapping a ConfigError naming the file."""
+    import yaml
     from jsonargparse import get_loader
 
-    if path:
-        twice = duplicate_key(stream)
-        if twice:
-            key, first, second = twice
-            raise ConfigError(f"config file {os.fspath(path)}: key {key!r} is given twice (lines {first} and "
-                              f"{second}); keep one")
-    value = get_loader("yaml")(stream)
-    return {} if path and value is None else value
+    if not path:
+        return get_loader("yaml")(stream)
+    where = f"config file {os.fspath(path)}"
+    twice = duplicate_key(stream)
+    if twice:
+        key, first, second = twice
+        raise ConfigError(f"{where}: key {key!r} is given twice (lines {first} and {second}); keep one")
+    try:
+        value = get_loader("yaml")(stream)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{where}: not valid YAML{at} ({getattr(e, 'problem', None) or e}); fix the file") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: holds a {type(value).__name__}, not a mapping of settings; write one 'key: value' "
+                          "per line (e.g. 'epochs: 10')")
+    return value
 
 
 def parser_mode() -> str:

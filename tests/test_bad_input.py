@@ -127,6 +127,10 @@ CASES = {  # id: (argv, what the one line must name)
     "key given twice in a config file": ((*PRE, "--config", "twice.yaml"),
                                          "config file twice.yaml: key 'model.rho' is given twice (lines 2 and 3)"),
     "key given twice in a sweep config": (("sweep", "--config", "twice.yaml"), "key 'model.rho' is given twice"),
+    "config file holding a list": ((*PRE, "--config", "list.yaml"), "config file list.yaml: holds a list, not a"),
+    "config file with a syntax error": ((*PRE, "--config", "syntax.yaml"),
+                                        "config file syntax.yaml: not valid YAML at line 2"),
+    "binary config file": ((*FT, "--config", "binary.yaml"), "config file binary.yaml: not a text file"),
 }
 if not visible_gpus():
     CASES["GPU without a GPU"] = ((*PRE, "--use_gpu", "true"), "use_gpu=true but this machine has no visible GPU")
@@ -156,6 +160,9 @@ def fixtures(tmp_path_factory) -> Path:
     write_seg_fixtures(work)
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     (work / "twice.yaml").write_text("model:\n  rho: 0.2\n  rho: 0.3\n")
+    (work / "list.yaml").write_text("- epochs: 3\n- seed: 1\n")
+    (work / "syntax.yaml").write_text("epochs: [1\nseed: :\n")
+    (work / "binary.yaml").write_bytes(bytes(range(128, 256)))
     (work / "cut").mkdir()
     shard = pa.table({"image": [b"x"], "label": pa.array([0], pa.int64()), "path": ["a"]})
     for k in range(2):
