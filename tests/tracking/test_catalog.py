@@ -53,3 +53,16 @@ def test_every_version_carries_its_card_as_description(two_versions):
         assert description.startswith(f"# ropim-encoder v{version}") and "## Scores" in description
         assert f'load_encoder("models:/ropim-encoder/{version}")' in description
     assert "fine-tune top-1 on digits: 93.10" in c.get_model_version("ropim-encoder", "1").description
+
+
+def test_models_show_of_a_model_ropim_did_not_register_is_one_line(two_versions, workdir):
+    import mlflow
+
+    with mlflow.start_run() as run:
+        mlflow.log_text("not a ropim model", "other/README.txt")
+    c = store.client()
+    c.create_registered_model("someone-elses-model")
+    c.create_model_version("someone-elses-model", f"{run.info.artifact_uri}/other", run_id=run.info.run_id)
+    proc = run_cli("models", "show", "models:/someone-elses-model/1", cwd=workdir)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "models:/someone-elses-model/1: not a ropim model" in proc.stderr
