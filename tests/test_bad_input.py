@@ -123,6 +123,8 @@ CASES = {  # id: (argv, what the one line must name)
     "encoder weights cut short": (("finetune", "--preset", "digits_demo", "--encoder", "cut-encoder"),
                                   "cut-encoder/encoder.safetensors cannot be read"),
     "encoder config not JSON": (("probe", "--encoder", "bad-config-encoder"), "config.json cannot be read"),
+    "encoder config of another width": (("probe", "--encoder", "wide-config-encoder"),
+                                         "wide-config-encoder: the weights do not fit the VisionTransformer"),
     # config files
     "key given twice in a config file": ((*PRE, "--config", "twice.yaml"),
                                          "config file twice.yaml: key 'model.rho' is given twice (lines 2 and 3)"),
@@ -172,6 +174,8 @@ def fixtures(tmp_path_factory) -> Path:
     weights = encoder_folder(work / "cut-encoder") / "encoder.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
     (encoder_folder(work / "bad-config-encoder") / "config.json").write_text('{"arch": "vit_tiny_patch16_224", ')
+    wide = encoder_folder(work / "wide-config-encoder") / "config.json"  # ViT-S's config beside ViT-T's weights
+    wide.write_text(wide.read_text().replace('"arch": "vit_tiny_patch16_224"', '"arch": "vit_small_patch16_224"'))
     return work
 
 

@@ -202,9 +202,10 @@ def classifier_spec(name: str, kwargs: dict, num_classes: int, img_size: int | N
 
 
 def build_classifier(name: str, kwargs: dict, state: dict[str, torch.Tensor] | None, num_classes: int,
-                     img_size: int | None = None, drop_path: float = 0.0) -> Classifier:
-    """A classifier from the encoder ``(name, kwargs)`` with ``state`` (its state dict; None: random init),
-    ``num_classes`` outputs (0: pooled features) at ``img_size`` (None: the pretraining size), the BEiT/SimMIM way:
+                     img_size: int | None = None, drop_path: float = 0.0, source: str = "encoder") -> Classifier:
+    """A classifier from the encoder ``(name, kwargs)`` with ``state`` (its state dict; None: random init; ``source``
+    names it in an error), ``num_classes`` outputs (0: pooled features) at ``img_size`` (None: the pretraining
+    size), the BEiT/SimMIM way:
 
     - ``vit``: weights loaded as they are; the absolute position embedding resampled (bicubic) on a new grid.
     - ``beit``: the shared relative position bias table copied into every block's own table, resampled when the
@@ -230,11 +231,29 @@ def build_classifier(name: str, kwargs: dict, state: dict[str, torch.Tensor] | N
                            "(timm resample_abs_pos_embed, bicubic)")
     else:
         actions += _per_block_tables(model, state, old, new)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not k.startswith("head.") for k in missing):
-        raise ConfigError(f"encoder weights do not match {name} ({missing=}, {unexpected=})")
+    load_weights(model, state, source, optional=("head.",))
     actions.insert(0, f"encoder weights loaded into {name} at {dst}x{dst} (pretrained at {src}x{src})")
     return Classifier(model, name, ckw, tuple(actions))
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, optional: tuple[str, ...] = ()) -> None:
+    """Load ``state`` into ``model``, or raise one ConfigError naming ``what`` when the tensors do not fit it (another
+    shape, a name it lacks, one of its own not given); names starting with an ``optional`` prefix may be absent."""
+    own = model.state_dict()
+    wrong = [(k, list(v.shape), list(own[k].shape)) for k, v in state.items() if k in own and own[k].shape != v.shape]
+    unexpected = sorted(set(state) - set(own))
+    missing = sorted(k for k in set(own) - set(state) if not k.startswith(optional))
+    problems = []
+    if wrong:
+        problems.append(f"{len(wrong)} of another shape, e.g. {wrong[0][0]} {wrong[0][1]} vs {wrong[0][2]}")
+    if missing:
+        problems.append(f"{len(missing)} missing, e.g. {missing[0]}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected, e.g. {unexpected[0]}")
+    if problems:
+        raise ConfigError(f"{what}: the weights do not fit the {type(model).__name__} its config describes "
+                          f"({'; '.join(problems)}); config.json and the weights come from different models")
+    model.load_state_dict(state, strict=False)
 
 
 def _grid(kwargs: dict) -> tuple[int, int]:

@@ -17,7 +17,6 @@ import numpy as np
 from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
 
-from ropim.errors import ConfigError
 from ropim.tracking.cards import card, first_stage
 from ropim.tracking.model_folder import check_local_model, model_files
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
@@ -205,9 +204,11 @@ def load_classifier(model_uri: str, uri: str | None = None):
     """A registered ``ropim-classifier`` as a plain timm VisionTransformer (eval mode) and its config."""
     import timm
 
+    from ropim.core.backbone import load_weights
+
     state, config = load_model_files(model_uri, uri, "classifier")
     model = timm.create_model(config["arch"], pretrained=False, **config["timm_kwargs"])
-    model.load_state_dict(state)
+    load_weights(model, state, f"classifier {model_uri}")
     return model.eval(), config
 
 
@@ -215,11 +216,11 @@ def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
     """The registered encoder as a plain timm VisionTransformer (eval mode) and its config."""
     import timm
 
+    from ropim.core.backbone import load_weights
+
     state, config = load_encoder_files(model_uri, uri)
     model = timm.create_model(config["arch"], pretrained=False, **{**config["timm_kwargs"], **timm_overrides})
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or any(not k.startswith("head.") for k in missing):
-        raise ConfigError(f"encoder {model_uri}: weights do not match {config['arch']} ({missing=}, {unexpected=})")
+    load_weights(model, state, f"encoder {model_uri}", optional=("head.",))
     return model.eval(), config
 
 

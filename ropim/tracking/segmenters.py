@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ropim.core import upernet
+from ropim.core.backbone import load_weights
 from ropim.tracking import registry
 from ropim.tracking.names import DEFAULT_SEGMENTER_NAME
 
@@ -31,5 +32,5 @@ def load_segmenter(model_uri: str, uri: str | None = None):
     """A registered segmenter as its torch model (``ropim.core.upernet.UperNetViT``, eval mode) and its config."""
     state, config = registry.load_model_files(model_uri, uri, "segmenter")
     model = upernet.build_segmenter(config)
-    model.load_state_dict(state)
+    load_weights(model, state, f"segmenter {model_uri}")
     return model.eval(), config

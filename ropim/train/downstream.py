@@ -51,7 +51,8 @@ def classifier_from(config: dict, state: dict[str, torch.Tensor] | None, num_cla
                     drop_path: float = 0.0, uri: str = "encoder", quiet: bool = False) -> torch.nn.Module:
     """The timm classifier (``num_classes`` 0: pooled features) of an encoder's config and weights at ``img_size``,
     built the BEiT/SimMIM way (``ropim.core.backbone.build_classifier``); a resampling is logged once."""
-    clf = build_classifier(config["arch"], config["timm_kwargs"], state, num_classes, img_size, drop_path)
+    clf = build_classifier(config["arch"], config["timm_kwargs"], state, num_classes, img_size, drop_path,
+                           source=f"encoder {uri}")
     if not quiet and len(clf.actions) > 1:
         log.info(f"[downstream] encoder {uri}: {clf.summary()}")
     return clf.model

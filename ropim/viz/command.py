@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ropim.core.backbone import load_weights
 from ropim.core.config import ModelConfig
 from ropim.core.model import ROPIM
 from ropim.data.config import DataConfig
@@ -47,7 +48,7 @@ def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
         raise ConfigError(f"checkpoint={str(folder)!r}: config.json is missing beside model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     model = ROPIM(model_config(config.get("model", config)))
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    load_weights(model, load_file(str(folder / "model.safetensors")), f"checkpoint {folder}")
     return model.eval(), config
 
 
@@ -75,10 +76,8 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     from safetensors.torch import load_file
 
     model = ROPIM(cfg)
-    model.encoder.load_state_dict(state, strict=True)
-    missing, unexpected = model.load_state_dict(load_file(str(local)), strict=False)
-    if unexpected or any(not k.startswith("encoder.") for k in missing):
-        raise ConfigError(f"encoder {model_uri}: {DECODER_ARTIFACT} does not match ({missing=}, {unexpected=})")
+    load_weights(model.encoder, state, f"encoder {model_uri}")
+    load_weights(model, load_file(str(local)), f"encoder {model_uri}: {DECODER_ARTIFACT}", optional=("encoder.",))
     return cfg, model.eval(), config
 
 

@@ -213,3 +213,25 @@ def test_bad_sizes_and_models_raise_config_error():
         encoder_spec("beit", "vit_tiny_patch16_224", img_size=30, patch_size=4)
     with pytest.raises(ConfigError, match="resnet50"):
         build_classifier("resnet50", {"img_size": 32, "patch_size": 4}, None, num_classes=2)
+
+
+def test_load_weights_names_what_does_not_fit_in_one_line():
+    import pytest
+
+    from ropim.core.backbone import create_encoder, encoder_spec, load_weights
+    from ropim.errors import ConfigError
+
+    tiny = create_encoder(*encoder_spec("vit", "vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1))
+    small = create_encoder(*encoder_spec("vit", "vit_small_patch16_224", img_size=32, patch_size=4, depth=1))
+    with pytest.raises(ConfigError) as err:
+        load_weights(small, tiny.state_dict(), "encoder X")
+    message = str(err.value)
+    assert message.startswith("encoder X: the weights do not fit the VisionTransformer") and "\n" not in message
+    assert "18 of another shape, e.g. cls_token [1, 1, 192] vs [1, 1, 384]" in message
+    state = dict(tiny.state_dict())
+    state["extra.weight"] = state.pop("norm.weight")
+    with pytest.raises(ConfigError, match=r"1 missing, e.g. norm.weight; 1 unexpected, e.g. extra.weight"):
+        load_weights(tiny, state, "encoder X")
+    clone = create_encoder(*encoder_spec("vit", "vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1))
+    load_weights(clone, tiny.state_dict(), "encoder X")
+    assert all(torch.equal(a, b) for a, b in zip(clone.state_dict().values(), tiny.state_dict().values(), strict=True))
