@@ -1,6 +1,6 @@
 """Fixtures for "beyond one node" tests on one machine: an S3 server (moto, a real HTTP server in its own process),
-a Ray cluster of a head and two worker nodes (one can be removed, a replacement added), and an MLflow server that
-keeps its artifacts in the S3 bucket.
+a Ray cluster of a head and two worker nodes (one can be removed, a replacement added), an MLflow server that
+keeps its artifacts in the S3 bucket, and registered models served over HTTP (``mlflow models serve``).
 
 Each fixture starts its processes itself and stops them through its own handles: nothing here stops processes by
 name, and the Ray cluster lives in a private temp folder, so a developer's own Ray (in Ray's default temp folder,
@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,6 +303,46 @@ def mlflow_server(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory)
     with served_mlflow(f"sqlite:///{workdir / 'mlflow.db'}", s3_server.uri("mlartifacts"), s3_server,
                        workdir / "server.log", timeout=120) as server:
         yield server
+
+
+@contextlib.contextmanager
+def served_models(model_uris: list[str], folder: Path, env: dict[str, str], timeout: float) -> Iterator[list[str]]:
+    """``mlflow models serve -m URI --env-manager local`` for every one of ``model_uris`` at once (three tiny models
+    on 2 busy cores: healthy after 63 s at once, 127 s one after another, measured 2026-11), each on its own free
+    port of 127.0.0.1 with this Python's mlflow and uvicorn (its bin folder first on PATH: the command runs
+    ``uvicorn`` from PATH), logs ``serve-<i>.log`` in ``folder``; yields their URLs once each answers ``/health``
+    with 200; all stopped (process groups) when the block ends, also when it fails."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**env, "PATH": os.pathsep.join([bin_dir, env.get("PATH", "")])}
+    servers: list[tuple[str, subprocess.Popen, Path]] = []
+    try:
+        ports: set[int] = set()
+        for i, uri in enumerate(model_uris):
+            port = free_port()
+            while port in ports:
+                port = free_port()
+            ports.add(port)
+            log = folder / f"serve-{i}.log"
+            proc = start_process([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager",
+                                  "local", "--host", "127.0.0.1", "--port", str(port)], log, env=env)
+            servers.append((f"http://127.0.0.1:{port}", proc, log))
+        deadline = time.monotonic() + timeout
+        for url, proc, log in servers:
+            wait_http(f"{url}/health", proc, log, timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=10).close()
+            except urllib.error.HTTPError as err:
+                raise RuntimeError(f"{url}/health answered {err.code}:\n{log.read_text()[-3000:]}") from None
+        yield [url for url, _, _ in servers]
+    finally:
+        for _, proc, _ in servers:
+            stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def serve_models() -> Callable[..., contextlib.AbstractContextManager[list[str]]]:
+    """``served_models`` for test modules (a conftest's helpers reach them through fixtures)."""
+    return served_models
 
 
 @dataclass(frozen=True)
