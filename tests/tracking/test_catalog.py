@@ -26,6 +26,12 @@ def two_versions(workdir):
     return first, second, printed.getvalue()
 
 
+def test_registering_prints_no_mlflow_registry_lines(two_versions):
+    first, second, printed = two_versions  # ropim prints the URIs itself
+    assert (first, second) == ("models:/ropim-encoder/1", "models:/ropim-encoder/2")
+    assert "Successfully registered model" not in printed and "Created version" not in printed
+
+
 def test_models_list_shows_every_version_its_scores_and_aliases(two_versions, workdir):
     proc = run_cli("models", "list", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
@@ -58,9 +64,3 @@ def test_every_version_carries_its_card_as_description(two_versions):
         assert description.startswith(f"# ropim-encoder v{version}") and "## Scores" in description
         assert f'load_encoder("models:/ropim-encoder/{version}")' in description
     assert "fine-tune top-1 on digits: 93.10" in c.get_model_version("ropim-encoder", "1").description
-
-
-def test_registering_prints_no_mlflow_registry_lines(two_versions):
-    first, second, printed = two_versions  # ropim prints the URIs itself
-    assert (first, second) == ("models:/ropim-encoder/1", "models:/ropim-encoder/2")
-    assert "Successfully registered model" not in printed and "Created version" not in printed
