@@ -44,14 +44,16 @@ test-bench: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/rop_overhead.py
 
+# a Ray head + an MLflow server on 127.0.0.1 for `ray job submit` (ropim/cluster: ports and folders from the
+# environment, e.g. MLFLOW_PORT=5002 make cluster-up)
 cluster-up: $(VENV)/.installed
-	VENV=$(VENV) scripts/cluster.sh up
+	$(VENV)/bin/python -m ropim.cluster up
 
 cluster-down:
-	VENV=$(VENV) scripts/cluster.sh down
+	$(VENV)/bin/python -m ropim.cluster down
 
 cluster-status:
-	VENV=$(VENV) scripts/cluster.sh status
+	$(VENV)/bin/python -m ropim.cluster status
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

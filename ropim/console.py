@@ -1,78 +1,82 @@
-"""What a person sees on the terminal: ``ropim.*`` progress lines, without the libraries' internal chatter.
+"""What a person sees on the terminal: ``ropim.*`` progress lines, without the libraries' internal chatter. Each
+such line is dropped where it is made, through the library's own settings or a logging filter; no output stream is
+replaced, so every other line (and every warning and error about the job) passes as the library wrote it.
 
-``quiet_console()`` (called by the ``ropim`` command before Ray or MLflow is imported) drops Ray's per-worker
-``(RayTrainWorker pid=…)`` prefix, keeps MLflow's and Ray's own loggers at WARNING, and filters the few lines Ray
-and MLflow print about their internals that say nothing about the user's job (``NOISE``). Everything else —
-every warning and error about the job — passes through.
+``quiet_console()`` (the entry points call it, before Ray or MLflow is imported):
+
+- Ray: no per-worker ``(RayTrainWorker pid=…)`` prefix; its loggers at WARNING; the records it logs about its own
+  machinery (``QUIET_RECORDS``, each with the traceback it carries) and the uncaught exceptions of its helper threads
+  (``QUIET_THREADS``) are dropped in this process and, through the job's ``worker_process_setup_hook``, in every Ray
+  worker process of the job (Train's controller runs there); the C++ lines its workers print (``SKIPPED_LINES``) are
+  skipped by Ray's own log deduplicator.
+- MLflow: loggers at WARNING, no artifact progress bars. The lines its registry prints on every new version are
+  muted where ropim registers one (``ropim.tracking.registry``), which prints the registered URI itself.
+
+The logger names and messages are Ray 2.60's (pinned); tests/test_console.py checks that they still exist there.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import re
-import sys
+import threading
 
-# Lines about Ray's / MLflow's own machinery, not the user's job (each seen in `make demo` output):
-NOISE = re.compile("|".join((
-    r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'",  # Train V2's controller, max_restarts > 0
-    r"Failed to query Ray Train Controller actor state",  # placement-group cleaner without the state API
-    r"Successfully registered model '|Created version '\d+' of model|Registered model '.+' already exists",  # MLflow
-    # prints these on registration; ropim prints the registered URI itself
-    r"Token authentication is enabled",  # ray.init's notice on a local head
-    r"Reporting training result \d+",  # Ray Train's per-report INFO line
-)))
-# Warnings Ray logs with a traceback about its own machinery; the line and its traceback are dropped together.
-NOISE_WITH_TRACEBACK = re.compile("|".join((
-    r"Failed to send resource request for train-",  # Train V2's autoscaling client, a 5 s timeout under CPU load
-    r"Exception in thread PlacementGroupCleanerMonitor",  # Train V2's cleaner cannot pick a Ray instance when
-    # several run on one machine (it asks the state API without an address); only an aborted run needs it
-)))
-TRACEBACK_LINE = re.compile(r"Traceback \(most recent call last\)|\s|$")
-TRACEBACK_END = re.compile(r"[\w.]+(Error|Exception|Interrupt)\b")
+# {logger: start of the message}: warnings about Ray's own machinery, not the user's job (each seen in `make demo`)
+QUIET_RECORDS = {
+    # ray.init's notice on a new local cluster: it made and uses a token, as documented in README "Security"
+    "ray._private.authentication.authentication_token_setup": "Token authentication is enabled for this Ray cluster",
+    # Train V2's placement-group cleaner without the state API (the dashboard)
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner":
+        "Failed to query Ray Train Controller actor state",
+    # Train V2's autoscaling client, a 5 s timeout under CPU load (logged with its traceback)
+    "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client":
+        "Failed to send resource request for train-",
+}
+# Train V2's cleaner thread: it cannot pick a Ray instance when several run on one machine (it asks the state API
+# without an address); only an aborted run needs it
+QUIET_THREADS = ("PlacementGroupCleanerMonitor",)
+# Train V2's controller, whose PreemptionWatcher actor has max_restarts > 0 (Ray's C++ log, outside Python logging)
+SKIPPED_LINES = r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'"
 
 
-class NoiseFilter(io.TextIOBase):
-    """A text stream that writes whole lines to ``stream`` unless they match ``NOISE`` (or
-    ``NOISE_WITH_TRACEBACK``, then with the traceback that follows)."""
+class DropRecords(logging.Filter):
+    """Drops the records whose message starts with ``start`` (a record's traceback goes with it)."""
 
-    def __init__(self, stream) -> None:
-        self.stream, self.pending, self.in_traceback = stream, "", False
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
 
-    def write(self, text: str) -> int:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            if self.keep(line):
-                self.stream.write(line + "\n")
-        self.stream.flush()
-        return len(text)
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
 
-    def keep(self, line: str) -> bool:
-        """Whether ``line`` is shown; follows a dropped warning's traceback to its exception line."""
-        if self.in_traceback:
-            if TRACEBACK_LINE.match(line):
-                return False
-            self.in_traceback = False
-            if TRACEBACK_END.match(line):
-                return False
-        if NOISE_WITH_TRACEBACK.search(line):
-            self.in_traceback = True
-            return False
-        return not NOISE.search(line)
 
-    def flush(self) -> None:
-        if self.pending and not NOISE.search(self.pending):
-            self.stream.write(self.pending)
-            self.pending = ""
-        self.stream.flush()
+class QuietThreads:
+    """A ``threading.excepthook`` that drops the uncaught exceptions of ``QUIET_THREADS`` and hands every other one to
+    the hook it replaced."""
 
-    def isatty(self) -> bool:
-        return self.stream.isatty()
+    def __init__(self, previous) -> None:
+        self.previous = previous
 
-    def fileno(self) -> int:
-        return self.stream.fileno()
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        if args.thread is None or args.thread.name not in QUIET_THREADS:
+            self.previous(args)
+
+
+def quiet_ray_internals() -> None:
+    """Drop ``QUIET_RECORDS`` and the exceptions of ``QUIET_THREADS`` in this process: the driver, or a Ray worker
+    process (the job's ``worker_process_setup_hook``, see ``job_runtime_env``)."""
+    for name, start in QUIET_RECORDS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropRecords) for f in logger.filters):
+            logger.addFilter(DropRecords(start))
+    if not isinstance(threading.excepthook, QuietThreads):
+        threading.excepthook = QuietThreads(threading.excepthook)
+
+
+def job_runtime_env(runtime_env: dict | None) -> dict:
+    """Ray's ``RAY_RUNTIME_ENV_HOOK``: the job's runtime env, with ``quiet_ray_internals`` run first in each of its
+    worker processes (a setup hook of the user's own wins)."""
+    return {"worker_process_setup_hook": f"{__name__}.quiet_ray_internals", **(runtime_env or {})}
 
 
 def ensure_logging() -> None:
@@ -87,13 +91,14 @@ def ensure_logging() -> None:
 
 
 def quiet_console() -> None:
-    """Readable output for a ``ropim`` command: before Ray is imported, no per-worker prefixes; MLflow's and Ray's
-    loggers at WARNING; ``NOISE`` lines filtered from this process's stdout and stderr."""
-    os.environ.setdefault("RAY_DISABLE_WORKER_LOG_PREFIX", "1")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when MLflow configures its loggers
+    """Readable output for a ``ropim`` command (see the module's docstring); call it before Ray is imported, which
+    reads its settings then. A setting already in the environment wins."""
+    for name, value in (("RAY_DISABLE_WORKER_LOG_PREFIX", "1"), ("RAY_DEDUP_LOGS_SKIP_REGEX", SKIPPED_LINES),
+                        ("RAY_RUNTIME_ENV_HOOK", f"{__name__}.job_runtime_env"),
+                        ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"),
+                        ("MLFLOW_LOGGING_LEVEL", "WARNING")):  # read when MLflow configures its loggers
+        os.environ.setdefault(name, value)
     for name in ("ray", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    if not isinstance(sys.stdout, NoiseFilter):
-        sys.stdout, sys.stderr = NoiseFilter(sys.stdout), NoiseFilter(sys.stderr)
+    quiet_ray_internals()
     ensure_logging()

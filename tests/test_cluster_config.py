@@ -21,6 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
+from ropim.cluster.mlflow_auth import auth_config
+
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray_cluster.yaml"
 DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 SHELL_OPERATORS = {";", "&", "&&", "||", "|", ">", ">>", "<", "2>&1"}
@@ -402,7 +404,10 @@ def test_mlflow_server_requires_login(cfg):
     assert f"MLFLOW_AUTH_ADMIN_PASSWORD=$(cat {PASSWORD_FILE})" in tokens
     assert "MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat ~/mlflow/flask-secret-key)" in tokens
     assert 'MLFLOW_AUTH_CONFIG_PATH=$HOME/mlflow/basic_auth.ini' in tokens
-    assert "default_permission = NO_PERMISSIONS" in command
+    # ...and the config there is written by the one copy of the auth setup, the local cluster's
+    config = program_args(command, "python", "-m", "ropim.cluster.mlflow_auth", "config")
+    assert config[0] == "$HOME/mlflow/basic_auth.ini"
+    assert "default_permission = NO_PERMISSIONS" in auth_config(default_of(option(config, "--database-uri")))
 
 
 def test_no_secret_on_any_command_line(cfg):

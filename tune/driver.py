@@ -22,14 +22,6 @@ from tune.spaces import to_tune
 from tune.study import study_storage
 from tune.trial import trial_driver
 
-# A trial whose driver is stopped (interrupt, ASHA) before its Train run reports ends with a result holding only
-# its config; Tune's strict check then fails the whole sweep although the missing metric is expected. Every
-# finished trial still reports the metric (the table and the registry read it from the trial rows).
-os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-# SIGINT ends a sweep as SIGTERM does (``ropim.tracking.signals``): the parent run and its unfinished trials KILLED, the
-# Tune experiment kept for ``--resume``; Tune's own SIGINT handler would instead return as if the sweep had ended.
-os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
-
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
 
 
@@ -97,6 +89,14 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
 def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResult:
     """Run the Tune experiment in this Ray session, then ``finish`` it."""
     import ray
+
+    # A trial whose driver is stopped (interrupt, ASHA) before its Train run reports ends with a result holding only
+    # its config; Tune's strict check then fails the whole sweep although the missing metric is expected. Every
+    # finished trial still reports the metric (the table and the registry read it from the trial rows).
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # SIGINT ends a sweep as SIGTERM does (``ropim.tracking.signals``): the parent run and its unfinished trials
+    # KILLED, the Tune experiment kept for ``--resume``; Tune's own SIGINT handler would return as if it had ended.
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 
     p = cfg.pretrain
     concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],

@@ -7,8 +7,10 @@ loads as a plain timm model without ropim installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,7 @@ import mlflow
 import numpy as np
 from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
+from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
 from ropim.tracking.cards import card, first_stage
 from ropim.tracking.model_folder import check_local_model, model_files
@@ -60,9 +63,10 @@ def register_model(
         info = retrying(log_pyfunc)(run_id, name=kind, python_model=str(code),
                                     artifacts={"weights": str(weights), "config": str(cfg_file)},
                                     pip_requirements=list(requirements),
-                                    code_paths=[str(p) for p in code_paths] or None, registered_model_name=name,
+                                    code_paths=[str(p) for p in code_paths] or None,
                                     signature=signature(config), input_example=input_example(config))
-    version = str(info.registered_model_version)
+    with registry_lines_muted():
+        version = str(retrying(mlflow.register_model)(info.model_uri, name).version)
     for k, v in flatten(config).items():
         if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
             continue
@@ -70,6 +74,19 @@ def register_model(
     c.set_model_version_tag(name, version, "run_id", run_id)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+@contextlib.contextmanager
+def registry_lines_muted() -> Iterator[None]:
+    """MLflow prints "Successfully registered model …" and "Created version … of model …" on stderr (not through its
+    loggers) whenever a version is registered; ropim prints the version's URI itself. MLflow's own switch for those
+    lines is off meanwhile (process-wide: another thread's MLflow messages in that moment are muted too)."""
+    was = MLFLOW_LOGGING_STREAM.enabled
+    MLFLOW_LOGGING_STREAM.enabled = False
+    try:
+        yield
+    finally:
+        MLFLOW_LOGGING_STREAM.enabled = was
 
 
 def log_pyfunc(run_id: str, **kwargs):

@@ -26,7 +26,6 @@ from mlflow.tracking import MlflowClient
 from ropim.tracking.signals import STOP
 from ropim.tracking.uri import tracking_uri
 
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 READY: set[str] = set()  # stores this process found created and migrated
 BUSY = ("database is locked", "database table is locked")
 RETRIES = 8  # waits of about 0.2, 0.4, … 25.6 s: a minute in all
@@ -76,8 +75,9 @@ def prepare_store(uri: str) -> None:
 
 def client(uri: str | None = None) -> RetryingClient:
     """A client on ``uri`` (default: ``tracking_uri()``), its calls ``retrying``, the store prepared
-    (``prepare_store``); also makes ``uri`` the process-wide URI."""
+    (``prepare_store``); also makes ``uri`` the process-wide URI, and MLflow's artifact uploads bar-free."""
     uri = uri or tracking_uri()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no bars in the jobs' logs
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     prepare_store(uri)

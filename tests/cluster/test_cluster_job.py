@@ -32,6 +32,7 @@ TRACKING = f"http://127.0.0.1:{PORTS['MLFLOW_PORT']}"
 PROBE = f"{TRACKING}/api/2.0/mlflow/experiments/search?max_results=1"
 # credentials a developer may have exported must not leak into the cluster or mask a missing one
 CREDENTIAL_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+CLUSTER = [sys.executable, "-m", "ropim.cluster"]  # what `make cluster-up` / `cluster-down` run
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +40,14 @@ def cluster():
     # a short path: Ray's unix sockets live under the temp dir and must stay under ~107 characters
     cluster_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     base = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
-    env = {**base, **PORTS, "CLUSTER_DIR": str(cluster_dir), "VENV": str(Path(sys.executable).parents[1])}
-    script = str(ROOT / "scripts" / "cluster.sh")
+    env = {**base, **PORTS, "CLUSTER_DIR": str(cluster_dir)}
     try:
-        up = subprocess.run([script, "up"], env=env, timeout=240, capture_output=True, text=True)
+        up = subprocess.run([*CLUSTER, "up"], env=env, timeout=240, capture_output=True, text=True)
         if up.returncode != 0:
-            pytest.fail(f"cluster.sh up failed ({up.returncode}):\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+            pytest.fail(f"cluster up failed ({up.returncode}):\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
         yield {"env": env, "dir": cluster_dir, "up_output": up.stdout + up.stderr}
     finally:
-        subprocess.run([script, "down"], env=env, timeout=120, capture_output=True)
+        subprocess.run([*CLUSTER, "down"], env=env, timeout=120, capture_output=True)
         shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
@@ -251,8 +251,8 @@ def test_no_secret_on_any_command_line(cluster):
 def test_rotate_mlflow_password(cluster):
     # last: afterwards Ray's processes hold a stale password until the next `up`
     old = admin_password(cluster)
-    rot = subprocess.run([str(ROOT / "scripts" / "cluster.sh"), "rotate-mlflow-password"], env=cluster["env"],
-                         timeout=60, capture_output=True, text=True)
+    rot = subprocess.run([*CLUSTER, "rotate-mlflow-password"], env=cluster["env"], timeout=60, capture_output=True,
+                         text=True)
     assert rot.returncode == 0, rot.stdout + rot.stderr
     new = admin_password(cluster)
     assert new != old and new not in rot.stdout + rot.stderr

@@ -3,6 +3,9 @@ the model card every version carries as its MLflow description."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 from support import register_tiny_encoder, run_cli
 
@@ -12,13 +15,21 @@ from ropim.tracking.champion import promote_champion
 
 @pytest.fixture(scope="module")
 def two_versions(workdir):
-    first, _ = register_tiny_encoder(workdir)
-    second, _ = register_tiny_encoder(workdir)
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):  # what MLflow prints while a version is registered
+        first, _ = register_tiny_encoder(workdir)
+        second, _ = register_tiny_encoder(workdir)
     promote_champion("ropim-encoder", "2", "knn_top1@k=20", "digits", 61.5)
     registry.describe("ropim-encoder", "2")
     store.client().set_model_version_tag("ropim-encoder", "1", "downstream.digits.top1", "93.10")
     registry.describe("ropim-encoder", "1")
-    return first, second
+    return first, second, printed.getvalue()
+
+
+def test_registering_prints_no_mlflow_registry_lines(two_versions):
+    first, second, printed = two_versions  # ropim prints the URIs itself
+    assert (first, second) == ("models:/ropim-encoder/1", "models:/ropim-encoder/2")
+    assert "Successfully registered model" not in printed and "Created version" not in printed
 
 
 def test_models_list_shows_every_version_its_scores_and_aliases(two_versions, workdir):
