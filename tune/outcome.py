@@ -115,8 +115,10 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
     for k, v in {"sweep": cfg.name, "sweep_run_id": parent_run_id, "trial_config": json.dumps(best["config"]),
                  "base_lr": full["base_lr"], "seed": full["seed"]}.items():
         c.set_model_version_tag(name, version, k, str(v))
+    m = trial_cfg.model
     decisions = promote_champion(name, version, metric_key(cfg.metric, full), dataset_key(full["data"]),
-                                          float(best[cfg.metric]), higher_is_better=cfg.mode == "max", uri=uri)
+                                 float(best[cfg.metric]), higher_is_better=cfg.mode == "max", uri=uri,
+                                 model=(m.arch, m.patch_size, m.img_size))
     registry.describe(name, version, uri)  # the card now holds the sweep and its score
     return encoder_uri, decisions
 

@@ -1,4 +1,5 @@
-"""The champion rule: which registered encoder version holds ``champion`` and ``champion-<dataset>``."""
+"""The champion rule: which registered encoder version holds ``champion``, ``champion-<dataset>`` and
+``champion-<width><patch>-<size>`` (``ropim.tracking.names.model_alias``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import mlflow
 
-from ropim.tracking.names import CHAMPION
+from ropim.tracking.names import CHAMPION, model_alias
 from ropim.tracking.store import RetryingClient, client
 
 
@@ -44,11 +45,13 @@ def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: st
 
 def promote_champion(name: str, version: str, metric: str, dataset: str, value: float,
                      higher_is_better: bool = True, uri: str | None = None,
-                     alias: str = CHAMPION) -> dict[str, tuple[bool, str]]:
+                     alias: str = CHAMPION, model: tuple[str, int, int] | None = None) -> dict[str, tuple[bool, str]]:
     """Tag version ``version`` with its score and move the aliases it wins; return {alias: (moved, reason)}.
 
-    The version gets tags ``metric``, ``metric_dataset``, ``metric_value``. Two aliases are challenged:
-    ``alias`` (``champion``, what fine-tuning loads by default) and the per-dataset ``dataset_alias(dataset)``.
+    The version gets tags ``metric``, ``metric_dataset``, ``metric_value``. These aliases are challenged:
+    ``alias`` (``champion``, what a fine-tune without a preset loads by default), the per-dataset
+    ``dataset_alias(dataset)`` and, given ``model`` = (width, patch size, image size), the per-shape
+    ``model_alias(*model)`` that the paper presets load.
     Each moves only when nobody holds it or the holder was scored on the same metric and dataset and the new
     value is strictly better; a holder from another dataset or metric (or without score tags) keeps it.
     Each decision is stored as a version tag ``alias.<alias>``.
@@ -64,7 +67,8 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
     for k, v in {"metric": metric, "metric_dataset": dataset, "metric_value": repr(float(value))}.items():
         c.set_model_version_tag(name, version, k, v)
     decisions = {}
-    for a in (alias, dataset_alias(dataset, alias)):
+    shape = [model_alias(*model, alias=alias)] if model is not None else []
+    for a in (alias, dataset_alias(dataset, alias), *shape):
         moved, reason = challenge(c, name, version, a, metric, dataset, float(value), higher_is_better)
         if moved:
             set_alias(c, name, a, version)

@@ -22,7 +22,7 @@ from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
 from ropim.tracking.cards import card, first_stage
 from ropim.tracking.model_folder import check_local_model, model_files
-from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
+from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
 from ropim.tracking.uri import check_model_in_store
 
@@ -163,7 +163,10 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
         try:
             return name, str(c.get_model_version_by_alias(name, alias).version)
         except mlflow.exceptions.MlflowException as err:
-            raise LookupError(f"encoder {model_uri}: no alias {alias!r} on model {name!r} ({err.message})") from None
+            hint = (f"; a sweep moves {alias!r} to its best encoder of that shape: pretrain and sweep one, or give "
+                    f"--encoder models:/{name}/VERSION" if alias.startswith(f"{CHAMPION}-") else "")
+            raise LookupError(f"encoder {model_uri}: no alias {alias!r} on model {name!r} ({err.message}){hint}") \
+                from None
     name, _, version = ref.partition("/")
     try:
         c.get_model_version(name, version)

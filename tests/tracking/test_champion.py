@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from support import register_tiny_encoder, run_cli
+
 from ropim.tracking import store
 from ropim.tracking.champion import dataset_alias, promote_champion
 
@@ -74,3 +76,23 @@ def test_two_concurrent_promotions_leave_the_better_encoder_holding_both_aliases
     for name in names:
         holders = {a: str(c.get_model_version_by_alias(name, a).version) for a in ("champion", "champion-digits")}
         assert holders == {"champion": "1", "champion-digits": "1"}, (name, holders)
+
+
+def test_a_digits_champion_is_never_the_paper_presets_encoder(workdir):
+    """A sweep on digits promotes its encoder to `champion`; the paper presets load the champion of their own shape
+    (ViT-B/16 at 224), so `ropim finetune --preset vit_base` without --encoder is refused in pre-flight, in one line,
+    instead of fine-tuning a 32-px digits encoder on ImageNet."""
+    uri, _ = register_tiny_encoder(workdir)
+    name, version = uri.removeprefix("models:/").split("/")
+    d = promote_champion(name, version, "knn_top1@k=20", "digits", 61.5, model=("vit_tiny_patch16_224", 4, 32))
+    assert d["champion-vit_t4-32"] == (True, "no version held 'champion-vit_t4-32'")
+    assert str(store.client().get_model_version_by_alias(name, "champion").version) == version
+    proc = run_cli("finetune", "--preset", "vit_base", "--data.source", "digits", cwd=workdir)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "models:/ropim-encoder@champion-vit_b16-224: no alias 'champion-vit_b16-224'" in proc.stderr
+    assert "give --encoder models:/ropim-encoder/VERSION" in proc.stderr
+    cpu = ("--use_gpu", "false", "--num_workers", "0", "--global_batch_size", "64", "--accum_steps", "1")
+    digits = ("--data.format", "digits", "--crop_size", "64")
+    for job, preset, flags in (("graft", "vit_base_in1k", cpu), ("segment", "ade20k_upernet_vit_base", digits)):
+        refused = run_cli(job, "--preset", preset, "--data.source", "digits", *flags, cwd=workdir)
+        assert refused.returncode != 0 and "no alias 'champion-vit_b16-224'" in refused.stderr, refused.stderr

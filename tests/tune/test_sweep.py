@@ -170,6 +170,7 @@ def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep):
     assert float(mv.tags["metric_value"]) == r.best["knn_top1"]
     assert registry.resolve_version(f"models:/{name}@champion") == (name, version)
     assert r.champion["champion"] == (True, "no version held 'champion'")
+    assert registry.resolve_version(f"models:/{name}@champion-vit_t8-32") == (name, version)  # digits_demo's shape
 
 
 def test_placement_groups_of_stopped_trials_are_freed(ray_session, tmp_path):
