@@ -45,9 +45,10 @@ from ropim.train.downstream import (
     tag_version,
     train_downstream,
 )
-from ropim.train.loop import EpochData, Worker, autocast_dtype, train
+from ropim.train.loop import autocast_dtype, train
 from ropim.train.runtime import WorkerFn
 from ropim.train.speed import adamw_kernels, images_to, resolve_precision
+from ropim.train.task import EpochData, Worker
 
 log = logging.getLogger("ropim.finetune")
 

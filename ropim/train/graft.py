@@ -34,9 +34,10 @@ from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import dataset_name, eval_split, frozen_scores, run_tags
 from ropim.train.graft_config import GRAFT_RESUMABLE, GraftConfig
-from ropim.train.loop import EpochData, Worker, train
+from ropim.train.loop import train
 from ropim.train.runtime import FitResult, WorkerFn, fit, run_dir
 from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.task import EpochData, Worker
 
 log = logging.getLogger("ropim.train")
 

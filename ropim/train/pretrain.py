@@ -40,9 +40,10 @@ from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.background import Background
 from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
 from ropim.train.downstream import frozen_scores
-from ropim.train.loop import EpochData, Worker, train, worker_seed
+from ropim.train.loop import train, worker_seed
 from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
 from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.task import EpochData, Worker
 
 log = logging.getLogger("ropim.train")
 

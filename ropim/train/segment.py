@@ -26,9 +26,10 @@ from ropim.data.seg_sources import IGNORE, open_seg_source
 from ropim.errors import ConfigError
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
 from ropim.tracking import registry, store
-from ropim.train.loop import EpochData, Worker, autocast_dtype, train
+from ropim.train.loop import autocast_dtype, train
 from ropim.train.segment_config import SegmentConfig
 from ropim.train.speed import adamw_kernels, images_to, resolve_precision
+from ropim.train.task import EpochData, Worker
 
 log = logging.getLogger("ropim.segment")
 
