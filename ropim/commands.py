@@ -108,13 +108,13 @@ def run_models(ns: Namespace) -> None:
 
 def run_pretrain(ns: Namespace) -> None:
     from ropim.data.sources import check_batch_fits
-    from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+    from ropim.train.config import PretrainConfig
 
     cfg = config(ns, PretrainConfig)
     if ns.resume:
         from ropim.train.pretrain import resume_config
 
-        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
+        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PretrainConfig.RESUMABLE})
     preflight(cfg)
     check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
     from ropim.train.pretrain import pretrain

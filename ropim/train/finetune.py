@@ -35,7 +35,7 @@ from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.names import default_run_name
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.config import FINETUNE_RESUMABLE, FinetuneConfig
+from ropim.train.config import FinetuneConfig
 from ropim.train.downstream import (
     classifier_config,
     classifier_from,
@@ -228,7 +228,7 @@ def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[
     tracking = tracking_uri()
     check_tracking(tracking)
     cfg, ref = prepare(cfg, tracking)
-    return train_downstream(cfg, ref, tracking, worker_fn, resumable=FINETUNE_RESUMABLE,
+    return train_downstream(cfg, ref, tracking, worker_fn, resumable=FinetuneConfig.RESUMABLE,
                             config_artifact="config/finetune.json", metric="top1", model_key="classifier_uri",
                             size=f"{cfg.img_size or ref.config['img_size']}px",
                             register=lambda run_id, folder: register_result(cfg, ref, run_id, folder, tracking))

@@ -33,7 +33,7 @@ from ropim.tracking.names import default_run_name
 from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import dataset_name, eval_split, frozen_scores, run_tags
-from ropim.train.graft_config import GRAFT_RESUMABLE, GraftConfig
+from ropim.train.graft_config import GraftConfig
 from ropim.train.loop import train
 from ropim.train.runtime import FitResult, WorkerFn, fit, run_dir
 from ropim.train.speed import adamw_kernels, images_to
@@ -185,7 +185,8 @@ def graft(cfg: GraftConfig, *, worker_fn: WorkerFn = worker_main, **trainer_kwar
     check_tracking(tracking)
     cfg, ref = prepare(cfg, tracking)
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=GRAFT_RESUMABLE, tags=run_tags(ref, "graft", cfg.data), config_artifact="config/graft.json",
+                  resumable=GraftConfig.RESUMABLE, tags=run_tags(ref, "graft", cfg.data),
+                  config_artifact="config/graft.json",
                   uri=tracking, normalize=lambda stored: GraftConfig.from_dict(stored).resolved().to_dict(),
                   resume=f"the same command, with --run_name {cfg.run_name}") as run:
         if run.finished:

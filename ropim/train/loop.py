@@ -35,8 +35,8 @@ import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
 from ropim.train.checkpoint import restore, save_checkpoint
-from ropim.train.config import LoopConfig
 from ropim.train.guard import Diverged, StepGuard, write_stop
+from ropim.train.job import LoopConfig
 from ropim.train.speed import resolve_precision, tf32_matmuls
 from ropim.train.task import Task, Worker
 

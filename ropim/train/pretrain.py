@@ -38,7 +38,7 @@ from ropim.tracking.names import default_run_name
 from ropim.tracking.runs import open_run, read_run_meta
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.background import Background
-from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+from ropim.train.config import PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.loop import train, worker_seed
 from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
@@ -237,7 +237,7 @@ class PretrainResult:
 
 def resume_config(run_name: str, storage_path: str = "ray_results", **resumable) -> PretrainConfig:
     """The stored config of run ``run_name``, trained to the end, with resumable fields replaced by ``resumable``."""
-    unknown = set(resumable) - set(PRETRAIN_RESUMABLE)
+    unknown = set(resumable) - set(PretrainConfig.RESUMABLE)
     if unknown:
         raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
     check_location(storage_path, "storage_path")
@@ -263,7 +263,7 @@ def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> Pretr
     check_tracking(uri)
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name("pretrain"))
     with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=PRETRAIN_RESUMABLE, tags={"ropim.kind": "pretrain"},
+                  resumable=PretrainConfig.RESUMABLE, tags={"ropim.kind": "pretrain"},
                   config_artifact="config/pretrain.yaml", uri=uri,
                   normalize=lambda stored: PretrainConfig.from_dict(stored).resolved().to_dict(),
                   resume=resume_command(cfg)) as run:

@@ -28,7 +28,7 @@ from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import dataset_name, tag_version, train_downstream
 from ropim.train.runtime import WorkerFn
 from ropim.train.segment import worker_main
-from ropim.train.segment_config import SEGMENT_RESUMABLE, SegmentConfig
+from ropim.train.segment_config import SegmentConfig
 from ropim.viz.segmentation import segmentation_png
 
 log = logging.getLogger("ropim.segment")
@@ -116,7 +116,7 @@ def segment(cfg: SegmentConfig, *, worker_fn: WorkerFn = worker_main) -> dict[st
     tracking = tracking_uri()
     check_tracking(tracking)
     cfg, ref = prepare(cfg, tracking)
-    return train_downstream(cfg, ref, tracking, worker_fn, resumable=SEGMENT_RESUMABLE,
+    return train_downstream(cfg, ref, tracking, worker_fn, resumable=SegmentConfig.RESUMABLE,
                             config_artifact="config/segment.json", metric="miou", model_key="segmenter_uri",
                             size=f"{cfg.crop_size}px crops",
                             register=lambda run_id, folder: register_result(cfg, ref, run_id, folder, tracking))

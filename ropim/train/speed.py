@@ -1,5 +1,5 @@
 """How a training step runs fast on a GPU without changing what it computes: the speed options of ``SpeedOptions``
-(``ropim.train.speed_options``) as the loop and the tasks apply them. ``bench/gpu_step.py`` measures each one."""
+(``ropim.train.job.JobConfig``) as the loop and the tasks apply them. ``bench/gpu_step.py`` measures each one."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ropim.train.config import LoopConfig
+from ropim.train.job import LoopConfig
 from ropim.train.loop import Loop
 from ropim.train.task import EpochData
 
