@@ -104,6 +104,9 @@ class FinetuneConfig(EncoderJob):
     def check_encoder(self, uri: str, config: dict) -> None:
         check_encoder_input(uri, config, self.img_size)
 
+    def size(self, config: dict) -> str:
+        return f" at {self.img_size or config['img_size']}px"
+
     @property
     def lr(self) -> float:
         """Peak learning rate after the linear scaling rule."""

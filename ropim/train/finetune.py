@@ -1,12 +1,11 @@
 """Fine-tuning an encoder into a classifier with the paper's recipe (timm): the task the training loop runs, and
-the job that checks the encoder against the data, opens the run, trains and registers the classifier.
+the register function of its final checkpoint.
 
 ``FinetuneTask`` supplies the loop with a timm classifier built from the encoder (layer-wise lr decay), the
 recipe's augmentation, Mixup / CutMix and label smoothing, and the val evaluation (top-1 / top-5 and the
-confusion matrix, sharded over the workers). ``finetune(cfg)`` runs it on ``num_workers`` Ray Train workers (0:
-in this process), then logs per-class accuracy and a confusion-matrix PNG, registers the classifier
-(``ropim-classifier``, loaded without pickle) and tags the encoder version with ``downstream.<dataset>.top1``.
-Re-running a named run continues it; a finished one is reported, not trained again.
+confusion matrix, sharded over the workers). ``register_classifier`` then logs per-class accuracy and a
+confusion-matrix PNG, registers the classifier (``ropim-classifier``, loaded without pickle) and tags the encoder
+version with ``downstream.<dataset>.top1`` (``ropim.train.driver`` runs the job: ``run(FinetuneConfig(...))``).
 """
 
 from __future__ import annotations
@@ -23,32 +22,18 @@ from timm.data import Mixup, create_transform
 from timm.data.auto_augment import RandAugment
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Subset
 
-from ropim.console import ensure_logging
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
-from ropim.data.sources import check_batch_fits
-from ropim.errors import ConfigError
 from ropim.eval.metrics import confusion_matrix, topk_hits
 from ropim.tracking import registry, store
-from ropim.tracking.encoders import EncoderRef, resolve_encoder
-from ropim.tracking.names import default_run_name
-from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.tracking.encoders import EncoderRef
 from ropim.train.config import FinetuneConfig
-from ropim.train.downstream import (
-    classifier_config,
-    classifier_from,
-    dataset_name,
-    eval_split,
-    log_results,
-    tag_version,
-    train_downstream,
-)
-from ropim.train.loop import autocast_dtype, train
-from ropim.train.runtime import WorkerFn
-from ropim.train.speed import adamw_kernels, images_to, resolve_precision
-from ropim.train.task import EpochData, Worker
+from ropim.train.downstream import classifier_config, classifier_from, log_results, tag_version
+from ropim.train.job import dataset_name
+from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.task import EpochData, Task, Worker
 
 log = logging.getLogger("ropim.finetune")
 
@@ -98,21 +83,19 @@ def evaluate_counts(model: torch.nn.Module, loader: DataLoader, n_classes: int, 
     return counts, conf
 
 
-class FinetuneTask:
+class FinetuneTask(Task):
     """Fine-tuning as the loop sees it."""
 
+    CONFIG = FinetuneConfig
     loss_name = "train_loss"
 
     def __init__(self, config: dict, worker: Worker) -> None:
-        self.config = config["cfg"]
-        self.cfg = cfg = FinetuneConfig.from_dict(self.config)
-        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
-        self.worker = worker
+        super().__init__(config, worker)
+        cfg = self.cfg
         self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
         self.img_size = cfg.img_size or self.enc_cfg["img_size"]
         self.train_set = build_dataset(cfg.data, "train", train_transform(cfg, self.img_size), self.img_size)
         self.classes = list(self.train_set.classes)
-        self.last_eval: dict = {}
         mixing = cfg.mixup > 0 or cfg.cutmix > 0
         self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                            num_classes=len(self.classes)) if mixing else None
@@ -121,30 +104,17 @@ class FinetuneTask:
     def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         cfg = self.cfg
         model = classifier_from(self.enc_cfg, None if cfg.random_init else self.state, len(self.classes), self.img_size,
-                            cfg.drop_path, uri=cfg.encoder, quiet=worker.rank != 0).to(worker.device)
+                                cfg.drop_path, uri=cfg.encoder, quiet=worker.rank != 0).to(worker.device)
         optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay,
                                         layer_decay=cfg.layer_decay, **adamw_kernels(cfg.adamw))
         return model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
         cfg = self.cfg
-        sampler = DistributedSampler(self.train_set, num_replicas=worker.world, rank=worker.rank, shuffle=True,
-                                     seed=cfg.seed, drop_last=True)
-        loader = DataLoader(self.train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                            num_workers=cfg.dataloader_workers,
-                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory,
-                            persistent_workers=cfg.dataloader_workers > 0)
         val_set = build_dataset(cfg.data, "val", eval_transform(self.img_size), self.img_size)
         self.val_loader = DataLoader(Subset(val_set, range(worker.rank, len(val_set), worker.world)),
                                      batch_size=max(micro_batch, 64), num_workers=cfg.dataloader_workers)
-        if len(loader) < 1:
-            raise ConfigError(f"batch_size={cfg.batch_size}: larger than the training split on each worker")
-
-        def batches(epoch: int):
-            sampler.set_epoch(epoch)
-            return iter(loader)
-
-        return EpochData(batches, len(loader))
+        return self.sharded(self.train_set, micro_batch, cfg.dataloader_workers)
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
@@ -155,17 +125,13 @@ class FinetuneTask:
 
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         n_classes = len(self.classes)
-        counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device,
-                                       autocast_dtype(resolve_precision(self.cfg.precision, self.worker.device)))
+        counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device, self.amp_dtype)
         gathered = self.worker.gather(torch.cat([counts, conf.flatten()]).double()).sum(0).long()
         counts, conf = gathered[:3], gathered[3:].reshape(n_classes, n_classes)
         metrics = {"top1": 100 * counts[0].item() / counts[2].item(), "top5": 100 * counts[1].item() / counts[2].item()}
-        self.last_eval = {"eval": {"epoch": epoch, **metrics, "classes": self.classes, "confusion": conf.tolist(),
-                                   "img_size": self.img_size}}
+        self.extra = {"eval": {"epoch": epoch, **metrics, "classes": self.classes, "confusion": conf.tolist(),
+                               "img_size": self.img_size}}
         return metrics
-
-    def evaluations(self, wait: bool) -> list[dict]:
-        return []  # every evaluation is inline: its counts are gathered over the workers
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "top1" in metrics:
@@ -174,61 +140,21 @@ class FinetuneTask:
                      f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}% "
                      f"{metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
 
-    def record(self, epochs: list[dict]) -> None:
-        store.log_epochs(self.run_id, epochs, self.tracking)
 
-    def checkpoint_extra(self) -> dict:
-        return self.last_eval
-
-
-def worker_main(config: dict, worker: Worker) -> None:
-    """One worker of a fine-tuning job."""
-    task = FinetuneTask(config, worker)
-    train(task, task.cfg.loop(), worker)
-
-
-def register_result(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> dict:
-    """Log per-class accuracy + confusion matrix, register the classifier, tag the encoder version."""
+def register_classifier(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
+    """The job's register function (``ropim.train.jobs``): log per-class accuracy and the confusion matrix of the final
+    evaluation, register the classifier (unless ``registered_model`` is "" or the encoder was not loaded), tag the
+    encoder version with the score."""
     name = dataset_name(cfg.data)
     ev = json.loads((folder / "metrics.json").read_text())["eval"]
-    report = log_results(run_id, ev["confusion"], ev["classes"], tracking, step=ev["epoch"],
-                         title=f"{cfg.kind} of {ref.label} on {name}: top-1 {ev['top1']:.2f}%")
+    log_results(run_id, ev["confusion"], ev["classes"], tracking, step=ev["epoch"],
+                title=f"{cfg.kind} of {ref.label} on {name}: top-1 {ev['top1']:.2f}%")
     store.log_metrics(run_id, {"final_top1": ev["top1"], "final_top5": ev["top5"]}, ev["epoch"], tracking)
-    out = {"per_class_top1": dict(zip(ev["classes"], report["per_class_top1"], strict=True)), "classifier_uri": None}
+    uri = None
     if cfg.registered_model and not cfg.random_init:
         config = classifier_config(ref, ev["classes"], ev["img_size"], name, ev)
         uri = registry.register_classifier(run_id, load_file(str(folder / "model.safetensors")), config,
                                            cfg.registered_model, tracking)
-        store.set_tags(run_id, {"ropim.classifier_uri": uri}, tracking)
-        print(f"[{cfg.kind}] registered classifier {uri}", flush=True)
-        out["classifier_uri"] = uri
     if not cfg.random_init:
         tag_version(ref, {f"downstream.{name}.top1": ev["top1"]}, tracking)
-    return out
-
-
-def prepare(cfg: FinetuneConfig, tracking: str) -> tuple[FinetuneConfig, EncoderRef]:
-    """Resolve ``cfg``'s paths, validate it and check the encoder against the data, before any run starts; pin the
-    encoder."""
-    cfg = cfg.resolved().validate()
-    cfg.check_resources()
-    ref, _ = resolve_encoder(cfg.encoder, tracking)
-    data = cfg.data
-    img_size = cfg.img_size or ref.config["img_size"]
-    eval_split(ref, data, img_size)  # image size and channels checked against the encoder
-    check_batch_fits(data, {"batch_size": cfg.batch_size})
-    run_name = cfg.run_name or default_run_name(f"{cfg.kind}-{dataset_name(data)}")
-    return dataclasses.replace(cfg, encoder=ref.pinned, data=data, run_name=run_name), ref
-
-
-def finetune(cfg: FinetuneConfig, *, worker_fn: WorkerFn = worker_main) -> dict[str, object]:
-    """Fine-tune a classifier from ``cfg.encoder`` (or its architecture at random init); return val metrics:
-    'top1', 'top5', 'train_loss', 'epoch', 'run_id', 'classifier_uri', 'per_class_top1'."""
-    ensure_logging()
-    tracking = tracking_uri()
-    check_tracking(tracking)
-    cfg, ref = prepare(cfg, tracking)
-    return train_downstream(cfg, ref, tracking, worker_fn, resumable=FinetuneConfig.RESUMABLE,
-                            config_artifact="config/finetune.json", metric="top1", model_key="classifier_uri",
-                            size=f"{cfg.img_size or ref.config['img_size']}px",
-                            register=lambda run_id, folder: register_result(cfg, ref, run_id, folder, tracking))
+    return uri

@@ -4,7 +4,7 @@ ViT recipe (``ropim/presets/graft/`` holds the paper's and the digits one; READM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ropim.checks import COUNT, POSITIVE, Range
 from ropim.errors import ConfigError
@@ -71,6 +71,10 @@ class GraftConfig(EncoderJob):
         super().check_encoder(uri, config)
         if "depth" in config:
             self.split(config["depth"])
+
+    def pinned(self, uri: str, config: dict, pinned: str) -> GraftConfig:
+        """The split point fixed too (LGP's 2/3 of the encoder's blocks when ``lower_blocks`` is null)."""
+        return replace(super().pinned(uri, config, pinned), lower_blocks=self.split(config["depth"]))
 
     @property
     def lr(self) -> float:

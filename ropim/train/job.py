@@ -6,6 +6,7 @@ heavy, so that the command line parses and validates fast."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
@@ -31,6 +32,13 @@ ADAMW_KERNELS = ("default", "foreach", "fused")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")  # Ray placement-group strategies
 SPEED_FLAGS = ("compile", "channels_last", "tf32", "pin_memory", "async_checkpoint")
+
+
+def dataset_name(data: DataConfig) -> str:
+    """A short name of the data for tags, run names and tables: 'digits', or the last part of a path / URI."""
+    name = getattr(data, "name", None) or data.source.rstrip("/").split("?")[0].rsplit("/", 1)[-1]
+    name = re.sub(r"\.(parquet|tar|zip)$", "", name)
+    return re.sub(r"[^A-Za-z0-9_\-]+", "_", name).strip("_") or "data"
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,11 @@ class JobConfig:
         return self.NAME
 
     @property
+    def run_prefix(self) -> str:
+        """What a run's default name starts with (then the date, the time and a random suffix)."""
+        return self.kind
+
+    @property
     def batch(self) -> int:
         """Images per optimizer step over all workers."""
         return getattr(self, self.BATCH)
@@ -188,6 +201,12 @@ class JobConfig:
 
     def check(self) -> None:
         """The job's own rules between fields (none here)."""
+
+    def check_data(self) -> None:
+        """The training split holds a global batch (its images listed, not decoded)."""
+        from ropim.data.sources import check_batch_fits  # pyarrow, no torch
+
+        check_batch_fits(self.data, {self.BATCH: self.batch})
 
     def check_placement(self) -> None:
         """``placement_strategy`` is a Ray strategy; ``min_workers`` (elastic) lies in [1, num_workers] and the global
@@ -239,9 +258,32 @@ class EncoderJob(JobConfig):
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"  # models:/name/version, models:/name@alias, runs:/…
     dataloader_workers: int = 0  # DataLoader processes per worker
 
+    @property
+    def run_prefix(self) -> str:
+        return f"{self.kind}-{dataset_name(self.data)}"
+
+    def size(self, config: dict) -> str:
+        """The image size it trains at, for the run's first line (" at 32px"; ``config``: the encoder's)."""
+        return ""
+
     def check_inputs(self) -> None:
         check_location(self.encoder, "encoder")
         super().check_inputs()
+
+    def check_data(self) -> None:
+        """The training split holds a global batch and the val split (every evaluation's) holds images."""
+        from ropim.data.sources import count_images
+
+        super().check_data()
+        if not count_images(self.data, "val"):
+            raise ConfigError(f"data source={self.data.source!r}: the split holds no images")
+
+    def pinned(self, uri: str, config: dict, pinned: str):
+        """This config checked against the encoder ``uri`` it starts from (``config``: its config.json, ``depth`` the
+        blocks of its weights) and fixed to ``pinned``, the version or folder it resolved to, so that every worker and
+        a resumed run load the same one."""
+        self.check_encoder(uri, config)
+        return replace(self, encoder=pinned)
 
     def check_encoder(self, uri: str, config: dict) -> None:
         """The encoder (its ``config.json``) fits this job: RGB images at its own size. Needs no torch: the pre-flight

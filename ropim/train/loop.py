@@ -3,9 +3,9 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
 
     restore the latest checkpoint → agree on the steps per epoch (the fewest any worker's data lists) → for each
     epoch: seed (seed, epoch, rank) → optimizer steps of ``accum_steps`` micro batches, fetched first, while every
-    worker has them (autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly (power 1) schedule per step,
-    a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due → rank 0's epoch
-    hook → checkpoint when due → report.
+    worker has them (the task's ``before_step``, autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly
+    (power 1) schedule per step, a progress line every ``log_every`` steps) → epoch stats over all workers →
+    evaluation when due → rank 0's epoch hook → checkpoint when due → report.
 
 Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
@@ -120,6 +120,7 @@ class Loop:
                                   t_in_epochs=False, **shape)  # timm's, stepped per optimizer step
         self.scheduler.step_update(self.step)
         self.amp_dtype = autocast_dtype(self.precision)
+        task.total_steps, task.amp_dtype = self.total_steps, self.amp_dtype  # what the task may plan by
         self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, self.precision)
 
     @property
@@ -136,6 +137,7 @@ class Loop:
             micro = self.next_step(batches, tally, epoch)
             if micro is None:
                 break
+            self.task.before_step(self.step)
             for i, batch in enumerate(micro):
                 sync = i + 1 == cfg.accum_steps or worker.world == 1
                 no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()

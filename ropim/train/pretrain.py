@@ -1,49 +1,37 @@
-"""ROPIM pretraining: the task the training loop runs, and the job that opens the run, trains and registers.
+"""ROPIM pretraining: the task the training loop runs, and the register function of its final checkpoint.
 
 ``PretrainTask`` supplies the loop with the ROPIM model and its AdamW optimizer, the batches (a DataLoader, or a
 Ray Data shard with ``ingest=ray_data``), the loss with a fresh corruption per step drawn from
 (seed, step, rank), the kNN / linear-probe evaluation of the encoder (epochs before the job's last in a background
 thread on a copy of the encoder, with ``eval_async``), and rank 0's epoch hook (an MLflow metrics
-line, reconstruction pictures). ``pretrain(cfg)`` validates, opens (or continues) the MLflow run, trains on
-``num_workers`` Ray Train workers (0: in this process), registers the final encoder and returns its URI.
-Re-running a named run (same ``run_name`` and ``storage_path``) continues from its latest checkpoint with the
-same step count, LR schedule and MLflow run; re-running a finished one reports it and registers nothing.
+line, reconstruction pictures). ``register_encoder`` registers the final encoder (``ropim.train.driver`` runs the
+job: ``run(PretrainConfig(...))``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import logging
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from timm.optim import create_optimizer_v2
-from torch.utils.data import DataLoader, DistributedSampler
 
-from ropim.checks import check_location
-from ropim.console import ensure_logging
 from ropim.core.model import ROPIM, encoder_spec
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
-from ropim.data.sources import check_batch_fits, count_images
-from ropim.errors import ConfigError
-from ropim.paths import resolve_path
+from ropim.data.sources import count_images
 from ropim.tracking import registry, store
-from ropim.tracking.names import default_run_name
-from ropim.tracking.runs import open_run, read_run_meta
-from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.tracking.encoders import EncoderRef
 from ropim.train.background import Background
 from ropim.train.config import PretrainConfig
 from ropim.train.downstream import frozen_scores
-from ropim.train.loop import train, worker_seed
-from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
+from ropim.train.loop import worker_seed
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EpochData, Worker
+from ropim.train.task import EpochData, Task, Worker, bad_images
 
 log = logging.getLogger("ropim.train")
 
@@ -81,20 +69,30 @@ def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tenso
             store.log_artifact(run_id, fig, "pictures", tracking_uri)
 
 
-class PretrainTask:
+class PretrainTask(Task):
     """ROPIM pretraining as the loop sees it."""
 
-    loss_name = "loss"
+    CONFIG = PretrainConfig
 
     def __init__(self, config: dict, worker: Worker) -> None:
-        self.config = config["cfg"]
-        self.cfg = PretrainConfig.from_dict(self.config)
-        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
+        super().__init__(config, worker)
         self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
-        self.rank, self.device = worker.rank, worker.device
         self.viz_imgs, self.background = None, Background("ropim-eval")
-        if self.rank == 0 and self.cfg.viz_every:
+        if worker.rank == 0 and self.cfg.viz_every:
             self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
+
+    @classmethod
+    def inputs(cls, cfg: PretrainConfig) -> tuple[dict, dict | None]:
+        """(what the workers' config adds: the training split's size, Ray Data's bad-image counter; the Ray datasets)
+        of a pretraining job; Ray must be up for ``ingest=ray_data``."""
+        n_train = count_images(cfg.data, "train")
+        if cfg.ingest != "ray_data":
+            return {"n_train": n_train}, None
+        from ropim.data.ingest import build_ray_dataset, new_bad_image_counter
+
+        counter = new_bad_image_counter()
+        return {"n_train": n_train, "bad_images": counter}, {"train": build_ray_dataset(
+            cfg.data, "train", cfg.model.img_size, shuffle_seed=cfg.seed, bad_images=counter)}
 
     def build(self, worker: Worker) -> tuple[ROPIM, torch.optim.Optimizer]:
         self.model = ROPIM(self.cfg.model).to(worker.device)
@@ -103,7 +101,7 @@ class PretrainTask:
         return self.model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
-        cfg, world = self.cfg, worker.world
+        cfg = self.cfg
         if cfg.ingest == "ray_data":
             import ray.train
 
@@ -113,32 +111,23 @@ class PretrainTask:
             counter = self.bad_counter
             return EpochData(
                 batches=lambda epoch: iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=worker.rank),
-                steps=self.n_train // world // micro_batch // cfg.accum_steps,
+                steps=self.n_train // worker.world // micro_batch // cfg.accum_steps,
                 stats={"bad_images": (lambda: bad_image_summary(counter)["count"] if counter is not None else 0,
                                       "max")},  # one counter for the whole dataset
             )
         dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=worker.rank, shuffle=True, seed=cfg.seed,
-                                     drop_last=True)
-        loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory)
-
-        def batches(epoch: int):
-            sampler.set_epoch(epoch)
-            return iter(loader)
-
-        return EpochData(batches, len(loader) // cfg.accum_steps,
-                         {"bad_images": (lambda: getattr(getattr(dataset, "bad", None), "count", 0), "sum")})
+        return self.sharded(dataset, micro_batch, stats={"bad_images": bad_images(dataset)})
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
-        imgs = images_to(batch[0], self.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
-        generator = sketch_generator(self.cfg.seed, step, self.rank, self.device)
+        device = self.worker.device
+        imgs = images_to(batch[0], device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
+        generator = sketch_generator(self.cfg.seed, step, self.worker.rank, device)
         corruption = self.model.draw_corruption(imgs.shape[0], generator)  # outside a compiled forward
         loss, _, _ = model(imgs, corruption=corruption)
         return loss, imgs.shape[0]
 
     def evaluate(self, model: ROPIM, epoch: int, final: bool) -> dict[str, float]:
-        if self.rank != 0:
+        if self.worker.rank != 0:
             return {}
         if final or not self.cfg.eval_async:
             return self.scores(model.encoder)
@@ -149,8 +138,8 @@ class PretrainTask:
     def scores(self, encoder: torch.nn.Module) -> dict[str, float]:
         """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
         training's kernels keep theirs)."""
-        cfg = self.cfg
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cfg, device = self.cfg, self.worker.device
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
 
@@ -172,31 +161,6 @@ class PretrainTask:
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
             log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)
 
-    def record(self, epochs: list[dict]) -> None:
-        store.log_epochs(self.run_id, epochs, self.tracking)
-
-    def checkpoint_extra(self) -> dict:
-        return {}
-
-
-def worker_main(config: dict, worker: Worker) -> None:
-    """One worker of a pretraining job."""
-    task = PretrainTask(config, worker)
-    train(task, task.cfg.loop(), worker)
-
-
-def loop_inputs(cfg: PretrainConfig, run_id: str, tracking_uri: str) -> tuple[dict, dict | None]:
-    """(the workers' config, the Ray datasets) of a pretraining job; Ray must be up for ``ingest=ray_data``."""
-    loop_config = {"cfg": cfg.to_dict(), "run_id": run_id, "tracking_uri": tracking_uri,
-                   "n_train": count_images(cfg.data, "train"), "run_dir": run_dir(cfg)}
-    if cfg.ingest != "ray_data":
-        return loop_config, None
-    from ropim.data.ingest import build_ray_dataset, new_bad_image_counter
-
-    loop_config["bad_images"] = new_bad_image_counter()
-    return loop_config, {"train": build_ray_dataset(cfg.data, "train", cfg.model.img_size, shuffle_seed=cfg.seed,
-                                                    bad_images=loop_config["bad_images"])}
-
 
 def split_checkpoint(folder: Path, cfg: PretrainConfig) -> tuple[dict, dict, dict]:
     """(encoder weights, encoder config, decoder weights) of a pretraining checkpoint folder."""
@@ -206,13 +170,14 @@ def split_checkpoint(folder: Path, cfg: PretrainConfig) -> tuple[dict, dict, dic
     return encoder_state, encoder_config(cfg, encoder_state["cls_token"].shape[-1]), decoder
 
 
-def register_checkpoint(folder: Path, cfg: PretrainConfig, run_id: str, tracking_uri: str) -> str:
-    """Register the encoder of a final checkpoint folder (the decoder logged beside it); return its URI."""
+def register_encoder(cfg: PretrainConfig, ref: EncoderRef | None, run_id: str, folder: Path, tracking: str) -> str:
+    """The job's register function (``ropim.train.jobs``; a sweep's best trial too): the encoder of a final checkpoint
+    ``folder`` registered, the decoder logged beside it; its URI."""
     encoder_state, config, decoder = split_checkpoint(folder, cfg)
     with tempfile.TemporaryDirectory() as tmp:
         save_file(decoder, str(Path(tmp) / "decoder.safetensors"))
-        store.log_artifact(run_id, Path(tmp) / "decoder.safetensors", "decoder", tracking_uri)
-    return registry.register_encoder(run_id, encoder_state, config, cfg.registered_model, tracking_uri)
+        store.log_artifact(run_id, Path(tmp) / "decoder.safetensors", "decoder", tracking)
+    return registry.register_encoder(run_id, encoder_state, config, cfg.registered_model, tracking)
 
 
 def export_encoder(folder: Path, cfg: PretrainConfig, dst: Path) -> Path:
@@ -224,73 +189,3 @@ def export_encoder(folder: Path, cfg: PretrainConfig, dst: Path) -> Path:
     (dst / "config.json").write_text(json.dumps(config))
     return dst
 
-
-@dataclass(frozen=True)
-class PretrainResult:
-    """Where a pretraining job left its outputs; ``encoder_uri`` is None while the run is unfinished."""
-
-    run_id: str
-    encoder_uri: str | None
-    checkpoint_path: str | None
-    metrics: dict
-
-
-def resume_config(run_name: str, storage_path: str = "ray_results", **resumable) -> PretrainConfig:
-    """The stored config of run ``run_name``, trained to the end, with resumable fields replaced by ``resumable``."""
-    unknown = set(resumable) - set(PretrainConfig.RESUMABLE)
-    if unknown:
-        raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
-    check_location(storage_path, "storage_path")
-    meta = read_run_meta(storage_path, run_name)
-    if meta is None:
-        raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
-    return dataclasses.replace(PretrainConfig.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
-
-
-def resume_command(cfg: PretrainConfig) -> str:
-    """The command that continues run ``cfg.run_name``."""
-    default = cfg.storage_path == resolve_path("ray_results")
-    return f"ropim pretrain --resume {cfg.run_name}" + ("" if default else f" --storage_path {cfg.storage_path}")
-
-
-def pretrain(cfg: PretrainConfig, *, worker_fn: WorkerFn = worker_main) -> PretrainResult:
-    """Validate, train (or continue) the run, register the final encoder; return its URI and the run id."""
-    ensure_logging()
-    cfg = cfg.resolved().validate()
-    cfg.check_resources()
-    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
-    uri = tracking_uri()
-    check_tracking(uri)
-    cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name("pretrain"))
-    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=PretrainConfig.RESUMABLE, tags={"ropim.kind": "pretrain"},
-                  config_artifact="config/pretrain.yaml", uri=uri,
-                  normalize=lambda stored: PretrainConfig.from_dict(stored).resolved().to_dict(),
-                  resume=resume_command(cfg)) as run:
-        if run.finished:  # report it; nothing is trained or registered again
-            encoder_uri = run.meta.get("encoder_uri") or run.tags.get("ropim.encoder_uri")
-            print(f"[pretrain] run {cfg.run_name} already finished (MLflow run {run.run_id}); encoder {encoder_uri}",
-                  flush=True)
-            return PretrainResult(run.run_id, encoder_uri, run.meta.get("checkpoint"), run.meta.get("metrics", {}))
-        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        print(f"[pretrain] run {cfg.run_name} {where}: MLflow run {run.run_id} at {uri}", flush=True)
-        with ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)):
-            loop_config, datasets = loop_inputs(cfg, run.run_id, uri)
-            result = fit(worker_fn, loop_config, cfg, datasets=datasets)
-        return finish(cfg, run, result)
-
-
-def finish(cfg: PretrainConfig, run, result: FitResult) -> PretrainResult:
-    """Register the encoder of a completed run, or mark the run stopped; record the outcome."""
-    encoder_uri = None
-    if result.metrics.get("epoch") == cfg.epochs:
-        with result.checkpoint_dir() as folder:
-            encoder_uri = register_checkpoint(folder, cfg, run.run_id, run.tracking_uri)
-        store.set_tags(run.run_id, {"ropim.encoder_uri": encoder_uri}, run.tracking_uri)
-        run.save(encoder_uri=encoder_uri, checkpoint=result.checkpoint_path, metrics=result.metrics)
-        print(f"[pretrain] registered encoder {encoder_uri}", flush=True)
-    else:
-        run.stop()
-        print(f"[pretrain] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue with "
-              f"`{resume_command(cfg)}`", flush=True)
-    return PretrainResult(run.run_id, encoder_uri, result.checkpoint_path, result.metrics)

@@ -64,6 +64,14 @@ class SegmentConfig(EncoderJob):
             raise ConfigError(f"batch_size={self.batch_size}: needs at least 2 images per worker (batch norm in the "
                               f"decoder) and must divide by num_workers={self.num_workers}")
 
+    def check_data(self) -> None:
+        """The training split holds a global batch of image and label-map pairs."""
+        from ropim.data.seg_sources import open_seg_source  # pyarrow, no torch
+
+        n = len(open_seg_source(self.data).splits["train"])
+        if n < self.batch_size:
+            raise ConfigError(f"batch_size={self.batch_size} exceeds the training split ({n} pairs)")
+
     def check_encoder(self, uri: str, config: dict) -> None:
         """The encoder (its ``config.json``) takes RGB images and its patch size divides the crop: one error naming
         both otherwise."""
@@ -73,6 +81,9 @@ class SegmentConfig(EncoderJob):
             raise ConfigError(f"crop_size={self.crop_size}: encoder {uri} has patch size {p}, which must divide the "
                               f"crop size (e.g. crop_size={fix})")
         super().check_encoder(uri, config)
+
+    def size(self, config: dict) -> str:
+        return f" at {self.crop_size}px crops"
 
     @property
     def kind(self) -> str:

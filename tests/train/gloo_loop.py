@@ -42,6 +42,9 @@ class ToyTask:
 
         return EpochData(batches, self.listed)
 
+    def before_step(self, step: int) -> None:
+        pass
+
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         if step == self.fail_at:
             raise StopIteration("raised by the task's own code, not the end of the data")
