@@ -158,8 +158,8 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
     from mlflow.tracking import MlflowClient
 
     from ropim.cli import PRESETS
-    from ropim.train.config import PretrainConfig
     from ropim.train.driver import run
+    from ropim.train.pretrain.config import PretrainConfig
 
     raw = yaml.safe_load((PRESETS / "pretrain" / "cifar_micro.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp:

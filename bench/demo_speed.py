@@ -24,7 +24,7 @@ import yaml
 from record import provenance, write_json  # bench/, beside this file
 
 from ropim.data.config import DataConfig
-from ropim.train.config import PretrainConfig
+from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import cpu_features
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -38,11 +38,12 @@ import yaml
 from ropim.cli import PRESETS
 from ropim.data.config import DataConfig
 from ropim.tracking.registry import load_encoder
-from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.driver import run
-from ropim.train.graft_config import GraftConfig
-from ropim.train.pretrain import encoder_config
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.graft.config import GraftConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import encoder_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("ropim", "ropim+lgp", "moco")

@@ -39,9 +39,10 @@ import pyarrow.parquet as pq
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.tracking.registry import load_encoder
-from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("rop", "rop-best", "mask", "none")
@@ -124,7 +125,7 @@ def encoder_folder(encoder, cfg: PretrainConfig) -> str:
     """A local encoder folder holding ``encoder`` (what ``none`` fine-tunes from, at random init)."""
     from safetensors.torch import save_file
 
-    from ropim.train.pretrain import encoder_config
+    from ropim.train.pretrain.register import encoder_config
 
     folder = Path(tempfile.mkdtemp(prefix="ropim-none-", dir="."))
     save_file({k: v.contiguous() for k, v in encoder.state_dict().items()}, str(folder / "encoder.safetensors"))

@@ -121,8 +121,8 @@ def sweep(args: argparse.Namespace, sizes: list[tuple[int, int]]) -> list[dict]:
 
 def workers_rows(args: argparse.Namespace) -> list[dict]:
     """The real pretraining job on 1 and 2 Ray Train workers sharing this machine's cores: steady img/s."""
-    from ropim.train.config import PretrainConfig
     from ropim.train.driver import run
+    from ropim.train.pretrain.config import PretrainConfig
 
     cores, rows = os.cpu_count() or 1, []
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,9 +32,9 @@ import yaml
 from safetensors.torch import save_file
 
 from ropim.tracking.registry import load_encoder_files
-from ropim.train.config import PretrainConfig
 from ropim.train.driver import run
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 PRESETS = Path(__file__).resolve().parents[1] / "ropim" / "presets"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -84,7 +84,7 @@ def test_cli_relative_and_home_paths_in_process_resume_from_the_same_folder(work
 
 def test_paths_in_a_config_file_mean_the_working_folder_not_the_file_folder(workdir):
     from ropim.cli import build_parser
-    from ropim.train.config import PretrainConfig
+    from ropim.train.pretrain.config import PretrainConfig
 
     (workdir / "cfgs").mkdir(exist_ok=True)
     (workdir / "cfgs" / "c.yaml").write_text("storage_path: out\ndata:\n  source: imgs\n")

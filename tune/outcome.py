@@ -12,8 +12,8 @@ from pathlib import Path
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
 from ropim.tracking.runs import Run
-from ropim.train.config import PretrainConfig
-from ropim.train.pretrain import register_encoder
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import register_encoder
 from tune import report
 from tune.config import METRICS, SweepConfig
 from tune.spaces import apply_trial

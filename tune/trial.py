@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 from ropim.tracking import store
-from ropim.train.config import PretrainConfig
 from ropim.train.driver import JobResult, run, worker_main
 from ropim.train.jobs import JOBS, prepare
-from ropim.train.pretrain import export_encoder
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import export_encoder
 from tune.resources import record_placement_group
 from tune.spaces import apply_trial
 

@@ -19,9 +19,9 @@ from ropim.flows.probe import probe
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.config import FinetuneConfig
 from ropim.train.downstream import eval_split
 from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.job import dataset_name
 from ropim.train.runtime import ray_session
 

@@ -19,10 +19,11 @@ from ropim.paths import resolve_path
 from ropim.tracking.names import default_run_name
 from ropim.tracking.preflight import check_models
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.config import FinetuneConfig, PretrainConfig
-from ropim.train.graft_config import GraftConfig
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.graft.config import GraftConfig
 from ropim.train.job import EncoderJob, JobConfig
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 if TYPE_CHECKING:
     from ropim.tracking.encoders import EncoderRef
@@ -30,12 +31,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Job:
-    """A training job: a config, a Task, a register function, and where it shows."""
+    """A training job: the sub-package ``ropim.train.<name>`` of its config (``config.py``), its Task (``task.py``)
+    and its register function (``register.py``), and where it shows."""
 
     config: type[JobConfig]
-    task: str  # "module:Class" of its Task (``ropim.train.task``), imported on the workers
-    # "module:function": (config, encoder ref or None, MLflow run id, final checkpoint folder, tracking URI) → the
-    # registered URI, or None; it also logs the job's final results
+    task: str  # its Task class in ``ropim.train.<name>.task``, imported where it runs
+    # its register function in ``ropim.train.<name>.register``: (config, encoder ref or None, MLflow run id, final
+    # checkpoint folder, tracking URI) → the registered URI, or None; it also logs the job's final results
     register: str
     model: str  # what it registers: encoder | classifier | segmenter
     description: str  # ``ropim <name> --help``
@@ -69,26 +71,25 @@ class Job:
         return self.config_artifact or f"config/{self.name}.json"
 
     def load(self, what: str):
-        """The object ``what`` ("task" or "register") names, imported."""
-        module, name = getattr(self, what).split(":")
-        return getattr(importlib.import_module(module), name)
+        """Its Task class (``what`` = "task") or its register function ("register"), imported."""
+        return getattr(importlib.import_module(f"ropim.train.{self.name}.{what}"), getattr(self, what))
 
 
 REGISTERS = "models:/name/version, models:/name@alias, runs:/…, or a local folder"
 JOBS: dict[str, Job] = {job.name: job for job in (
-    Job(PretrainConfig, "ropim.train.pretrain:PretrainTask", "ropim.train.pretrain:register_encoder", "encoder",
+    Job(PretrainConfig, "PretrainTask", "register_encoder", "encoder",
         "Pretrain a ViT with ROPIM on Ray Train; register it.", "pretrain an encoder and register it in MLflow",
         config_artifact="config/pretrain.yaml", resume=True),
-    Job(FinetuneConfig, "ropim.train.finetune:FinetuneTask", "ropim.train.finetune:register_classifier", "classifier",
+    Job(FinetuneConfig, "FinetuneTask", "register_classifier", "classifier",
         f"Fine-tune a classifier from an encoder ({REGISTERS}) on Ray Train (num_workers=0: in this process); "
         "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5",
         scores="top-1 {top1:.2f}%  top-5 {top5:.2f}%  classifier {model_uri}  (MLflow run {run_id})"),
-    Job(GraftConfig, "ropim.train.graft:GraftTask", "ropim.train.graft:register_graft", "encoder",
+    Job(GraftConfig, "GraftTask", "register_graft", "encoder",
         f"LGP-ROPIM's second stage: MoCo v3 on an encoder ({REGISTERS}), its lower blocks at a fraction of the "
         "learning rate (Layer Grafted Pre-training), on Ray Train; register the result as a new encoder version "
         "tagged stage=lgp.", "graft MoCo v3 onto an encoder (LGP-ROPIM) and register it",
         tag="ropim.grafted_encoder_uri"),
-    Job(SegmentConfig, "ropim.train.segment:SegmentTask", "ropim.train.segment_job:register_segmenter", "segmenter",
+    Job(SegmentConfig, "SegmentTask", "register_segmenter", "segmenter",
         "Semantic segmentation transfer: UperNet on an encoder (the paper's ADE20K protocol), on Ray Train "
         "(num_workers=0: in this process); register it as ropim-segmenter.",
         "train UperNet from an encoder URI and report mIoU / pixel accuracy",

@@ -35,8 +35,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers canno
 def watched(folder: str, config: dict, worker) -> None:
     """A pretraining worker that notes every optimizer step (time, pid, rank, node, step) in ``folder``/steps.txt
     and, until ``folder``/removed exists, waits before step ``PAUSE_AT`` (having noted its node in paused-<rank>)."""
-    from ropim.train import pretrain as module
     from ropim.train.driver import worker_main
+    from ropim.train.pretrain import task as module
 
     node = ray.get_runtime_context().get_node_id()
     original = module.sketch_generator

@@ -94,13 +94,14 @@ class GlooWorker:
 
 
 def two_rank_loop(rank: int, init: str, batches: dict[int, int], listed: int, run_dir: str, out) -> None:
-    """Rank ``rank`` of 2: two epochs of ``ToyTask``; puts (rank, steps per report, clean, weights) or the error."""
+    """Rank ``rank`` of 2: two epochs of ``ToyTask``; puts (rank, steps per report, clean, weights as floats) or the
+    error."""
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         task, worker = ToyTask(batches, listed, run_dir), GlooWorker(rank, 2)
         loop = Loop(task, toy_loop_config(global_batch_size=8), worker)
         loop.run()
-        weights = torch.cat([p.detach().flatten() for p in task.model.parameters()])
+        weights = torch.cat([p.detach().flatten() for p in task.model.parameters()]).tolist()  # no tensor: no fd
         out.put((rank, worker.steps, task.clean, weights))
     except BaseException:
         out.put((rank, traceback.format_exc(), None, None))

@@ -9,8 +9,8 @@ import threading
 from support import tiny_pretrain
 
 from ropim.tracking import store
-from ropim.train import pretrain as module
 from ropim.train.driver import run
+from ropim.train.pretrain import task as module
 
 
 def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):

@@ -29,7 +29,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from support import tiny_pretrain
-from ropim.train import pretrain as module
+from ropim.train.pretrain import task as module
 from ropim.train.driver import run, worker_main
 
 def pausing(config, worker):

@@ -25,9 +25,9 @@ from ropim.errors import ConfigError
 from ropim.flows.config import ProbeConfig
 from ropim.flows.probe import probe
 from ropim.tracking import store
-from ropim.train.config import FinetuneConfig
 from ropim.train.downstream import classifier_from
 from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,12 @@ from ropim.core.config import ModelConfig
 from ropim.core.contrastive import momentum_at
 from ropim.data.config import DataConfig
 from ropim.tracking import catalog, registry, store
-from ropim.train.config import PretrainConfig
 from ropim.train.driver import run
-from ropim.train.graft import GraftTask
-from ropim.train.graft_config import GraftConfig
+from ropim.train.graft.config import GraftConfig
+from ropim.train.graft.task import GraftTask
 from ropim.train.inprocess import LocalWorker
 from ropim.train.loop import Loop
+from ropim.train.pretrain.config import PretrainConfig
 
 MODEL = ModelConfig(img_size=32, patch_size=8, depth=3)  # 16 tokens, 3 blocks: a split with blocks on either side
 

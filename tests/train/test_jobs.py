@@ -12,7 +12,7 @@ import pytest
 from support import ROOT, encoder_folder
 
 from ropim.cli import job_commands, job_parser, main
-from ropim.train.config import FinetuneConfig
+from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.jobs import JOBS
 
 BEFORE = json.loads(Path(__file__).with_name("jobs_before.json").read_text())

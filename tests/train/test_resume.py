@@ -26,8 +26,8 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
 
     def crash_once(config: dict, worker) -> None:  # nested: Ray pickles it by value
         """The pretraining worker, except that rank 1 dies hard (``os._exit``) at optimizer step 3, once."""
-        from ropim.train import pretrain as module
         from ropim.train.driver import worker_main
+        from ropim.train.pretrain import task as module
 
         original = module.sketch_generator
 

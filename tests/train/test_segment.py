@@ -20,9 +20,9 @@ from ropim.core.config import ModelConfig
 from ropim.core.upernet import build_segmenter
 from ropim.data.seg_config import SegDataConfig
 from ropim.tracking import registry, store
-from ropim.train.config import PretrainConfig
 from ropim.train.driver import run
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 ENCODER = ModelConfig(img_size=32, patch_size=8, depth=2)  # the demo encoder's shape, 2 blocks
 TINY = ["--crop_size", "32", "--epochs", "1", "--batch_size", "2", "--max_steps_per_epoch", "2", "--channels", "8",

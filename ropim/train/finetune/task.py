@@ -1,23 +1,17 @@
-"""Fine-tuning an encoder into a classifier with the paper's recipe (timm): the task the training loop runs, and
-the register function of its final checkpoint.
+"""Fine-tuning an encoder into a classifier with the paper's recipe (timm), as the training loop runs it.
 
 ``FinetuneTask`` supplies the loop with a timm classifier built from the encoder (layer-wise lr decay), the
 recipe's augmentation, Mixup / CutMix and label smoothing, and the val evaluation (top-1 / top-5 and the
-confusion matrix, sharded over the workers). ``register_classifier`` then logs per-class accuracy and a
-confusion-matrix PNG, registers the classifier (``ropim-classifier``, loaded without pickle) and tags the encoder
-version with ``downstream.<dataset>.top1`` (``ropim.train.driver`` runs the job: ``run(FinetuneConfig(...))``).
+confusion matrix, sharded over the workers; the last one is kept for ``register.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from pathlib import Path
 
 import torch
 from PIL import Image, ImageOps
-from safetensors.torch import load_file
 from timm.data import Mixup, create_transform
 from timm.data.auto_augment import RandAugment
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
@@ -27,11 +21,9 @@ from torch.utils.data import DataLoader, Subset
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
 from ropim.eval.metrics import confusion_matrix, topk_hits
-from ropim.tracking import registry, store
-from ropim.tracking.encoders import EncoderRef
-from ropim.train.config import FinetuneConfig
-from ropim.train.downstream import classifier_config, classifier_from, log_results, tag_version
-from ropim.train.job import dataset_name
+from ropim.tracking import registry
+from ropim.train.downstream import classifier_from
+from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EpochData, Task, Worker
 
@@ -139,22 +131,3 @@ class FinetuneTask(Task):
             log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
                      f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}% "
                      f"{metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
-
-
-def register_classifier(cfg: FinetuneConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
-    """The job's register function (``ropim.train.jobs``): log per-class accuracy and the confusion matrix of the final
-    evaluation, register the classifier (unless ``registered_model`` is "" or the encoder was not loaded), tag the
-    encoder version with the score."""
-    name = dataset_name(cfg.data)
-    ev = json.loads((folder / "metrics.json").read_text())["eval"]
-    log_results(run_id, ev["confusion"], ev["classes"], tracking, step=ev["epoch"],
-                title=f"{cfg.kind} of {ref.label} on {name}: top-1 {ev['top1']:.2f}%")
-    store.log_metrics(run_id, {"final_top1": ev["top1"], "final_top5": ev["top5"]}, ev["epoch"], tracking)
-    uri = None
-    if cfg.registered_model and not cfg.random_init:
-        config = classifier_config(ref, ev["classes"], ev["img_size"], name, ev)
-        uri = registry.register_classifier(run_id, load_file(str(folder / "model.safetensors")), config,
-                                           cfg.registered_model, tracking)
-    if not cfg.random_init:
-        tag_version(ref, {f"downstream.{name}.top1": ev["top1"]}, tracking)
-    return uri

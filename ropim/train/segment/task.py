@@ -1,13 +1,10 @@
-"""Semantic segmentation transfer (the paper's Table 3 protocol): the task the training loop runs, and the job that
-checks the encoder against the data, opens the run, trains, and registers the segmenter.
+"""Semantic segmentation transfer (the paper's Table 3 protocol) as the training loop runs it.
 
 ``SegmentTask`` supplies the loop with UperNet on the encoder (``ropim.core.segmenter``: layer-wise lr decay over
 the encoder's blocks, the decoder at the full rate), the joint image + mask augmentation, cross-entropy with the
 auxiliary head's loss weighted by ``aux_weight``, and the val evaluation (whole-image or sliding-window, the pixel
-confusion matrix summed over the workers: mIoU, pixel accuracy, per-class IoU). ``segment(cfg)`` runs it on
-``num_workers`` Ray Train workers (0: in this process), then logs per-class IoU and a picture, registers the
-segmenter (``ropim-segmenter``, loaded without pickle) and tags the encoder version with
-``downstream.<dataset>.miou``. Re-running a named run continues it; a finished one is reported, not trained again.
+confusion matrix summed over the workers: mIoU, pixel accuracy, per-class IoU; the last one is kept for
+``register.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_t
 from ropim.data.seg_sources import IGNORE, open_seg_source
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
 from ropim.tracking import registry
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.segment.config import SegmentConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EpochData, Task, Worker, bad_images
 

@@ -1,6 +1,5 @@
 """LGP-ROPIM's second stage: MoCo v3 grafted onto a registered encoder (Layer Grafted Pre-training, Jiang et al.,
-ICLR 2023) — the task the training loop runs, and the register function that adds the result as a new encoder
-version tagged ``stage: lgp`` (``ropim.train.driver`` runs the job: ``run(GraftConfig(...))``).
+ICLR 2023), as the training loop runs it.
 
 ``GraftTask`` gives the loop ``ropim.core.moco.MoCo`` around the encoder (both branches start from its weights),
 AdamW over LGP's parameter groups (the embedding and lower blocks at ``lower_lr_ratio`` × the rate), MoCo v3's two
@@ -13,21 +12,18 @@ every worker.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from ropim.core.backbone import create_encoder
 from ropim.core.contrastive import momentum_at
 from ropim.core.moco import MoCo, lgp_param_groups
 from ropim.data.datasets import build_dataset
 from ropim.data.views import TwoViews
-from ropim.tracking import registry, store
-from ropim.tracking.encoders import EncoderRef, encoder_depth
+from ropim.tracking import registry
+from ropim.tracking.encoders import encoder_depth
 from ropim.train.downstream import frozen_scores
-from ropim.train.graft_config import GraftConfig
-from ropim.train.job import dataset_name
+from ropim.train.graft.config import GraftConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EpochData, Task, Worker, bad_images
 
@@ -83,32 +79,3 @@ class GraftTask(Task):
         log.info(f"[graft] epoch {epoch}/{cfg.epochs} loss {metrics['loss']:.4f} momentum {metrics['momentum']:.5f} "
                  f"{metrics['img_per_s']:.1f} img/s {metrics['epoch_time_s']:.1f} s{quality} "
                  f"ETA {(cfg.epochs - epoch) * metrics['epoch_time_s'] / 60:.1f} min")
-
-
-def source_run(ref: EncoderRef, tracking: str) -> str:
-    """The MLflow run that trained the encoder ``ref`` (its first stage), or "" for a plain folder."""
-    if ref.version is not None:
-        return store.client(tracking).get_model_version(ref.name, ref.version).run_id or ""
-    if ref.pinned.startswith("runs:/"):
-        return ref.pinned.removeprefix("runs:/").split("/", 1)[0]
-    return ""
-
-
-def grafted_config(cfg: GraftConfig, ref: EncoderRef, first_run: str) -> dict:
-    """The registered config of a grafted encoder: the first stage's, plus what the graft did and where it began."""
-    return {**ref.config, "stage": "lgp", "source_encoder": ref.pinned, "source_run": first_run,
-            "graft_epochs": cfg.epochs, "graft_dataset": dataset_name(cfg.data), "lower_blocks": cfg.lower_blocks,
-            "lower_lr_ratio": cfg.lower_lr_ratio, "temperature": cfg.temperature, "momentum": cfg.momentum}
-
-
-def register_graft(cfg: GraftConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
-    """The job's register function (``ropim.train.jobs``): the encoder of the final graft checkpoint ``folder`` (the
-    base encoder only) as a new version with its lineage, unless ``registered_model`` is ""."""
-    if not cfg.registered_model:
-        return None
-    state = load_file(str(folder / "model.safetensors"))
-    encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
-    config = grafted_config(cfg, ref, source_run(ref, tracking))
-    return registry.register_encoder(run_id, encoder, config, cfg.registered_model, tracking)
-
-

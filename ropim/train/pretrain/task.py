@@ -1,51 +1,35 @@
-"""ROPIM pretraining: the task the training loop runs, and the register function of its final checkpoint.
+"""ROPIM pretraining as the training loop runs it.
 
 ``PretrainTask`` supplies the loop with the ROPIM model and its AdamW optimizer, the batches (a DataLoader, or a
 Ray Data shard with ``ingest=ray_data``), the loss with a fresh corruption per step drawn from
 (seed, step, rank), the kNN / linear-probe evaluation of the encoder (epochs before the job's last in a background
 thread on a copy of the encoder, with ``eval_async``), and rank 0's epoch hook (an MLflow metrics
-line, reconstruction pictures). ``register_encoder`` registers the final encoder (``ropim.train.driver`` runs the
-job: ``run(PretrainConfig(...))``).
+line, reconstruction pictures).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from timm.optim import create_optimizer_v2
 
-from ropim.core.model import ROPIM, encoder_spec
+from ropim.core.model import ROPIM
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
 from ropim.data.sources import count_images
-from ropim.tracking import registry, store
-from ropim.tracking.encoders import EncoderRef
+from ropim.tracking import store
 from ropim.train.background import Background
-from ropim.train.config import PretrainConfig
 from ropim.train.downstream import frozen_scores
 from ropim.train.loop import worker_seed
+from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EpochData, Task, Worker, bad_images
 
 log = logging.getLogger("ropim.train")
-
-
-def encoder_config(cfg: PretrainConfig, embed_dim: int) -> dict:
-    """The JSON config stored beside a registered encoder."""
-    m = cfg.model
-    name, kwargs = encoder_spec(m)
-    return {
-        "arch": name, "backbone": m.backbone, "width": m.arch, "img_size": m.img_size, "patch_size": m.patch_size,
-        "in_chans": m.in_chans, "embed_dim": embed_dim, "depth": m.depth, "rho": m.rho, "corruption": m.corruption,
-        "loss": m.loss, "hashing": m.hashing, "mask_ratio": m.mask_ratio, "mask_patch_size": m.mask_patch_size,
-        "epochs": cfg.epochs, "dataset": cfg.data.source, "timm_kwargs": kwargs,
-    }
 
 
 def sketch_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
@@ -160,32 +144,3 @@ class PretrainTask(Task):
                  f"ETA {(cfg.epochs - epoch) * metrics['epoch_time_s'] / 60:.1f} min")
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
             log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)
-
-
-def split_checkpoint(folder: Path, cfg: PretrainConfig) -> tuple[dict, dict, dict]:
-    """(encoder weights, encoder config, decoder weights) of a pretraining checkpoint folder."""
-    state = load_file(str(Path(folder) / "model.safetensors"))
-    decoder = {k: v for k, v in state.items() if not k.startswith("encoder.")}
-    encoder_state = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
-    return encoder_state, encoder_config(cfg, encoder_state["cls_token"].shape[-1]), decoder
-
-
-def register_encoder(cfg: PretrainConfig, ref: EncoderRef | None, run_id: str, folder: Path, tracking: str) -> str:
-    """The job's register function (``ropim.train.jobs``; a sweep's best trial too): the encoder of a final checkpoint
-    ``folder`` registered, the decoder logged beside it; its URI."""
-    encoder_state, config, decoder = split_checkpoint(folder, cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_file(decoder, str(Path(tmp) / "decoder.safetensors"))
-        store.log_artifact(run_id, Path(tmp) / "decoder.safetensors", "decoder", tracking)
-    return registry.register_encoder(run_id, encoder_state, config, cfg.registered_model, tracking)
-
-
-def export_encoder(folder: Path, cfg: PretrainConfig, dst: Path) -> Path:
-    """Write the encoder of a checkpoint folder into the folder ``dst`` as ``encoder.safetensors`` + ``config.json``
-    (what ``--encoder FOLDER`` and ``runs:/<run_id>/<path>`` read); return ``dst``."""
-    encoder_state, config, _ = split_checkpoint(folder, cfg)
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in encoder_state.items()}, str(dst / "encoder.safetensors"))
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-

@@ -1,6 +1,6 @@
-"""The register function of ``ropim segment``: the final checkpoint's per-class IoU and a picture logged, the segmenter
-registered, the encoder version tagged with its mIoU (``ropim.train.driver`` runs the job: ``run(SegmentConfig(...))``;
-``ropim.train.segment`` holds its Task)."""
+"""What a segmentation leaves (``register_segmenter``, the job's register function): the final checkpoint's scores,
+per-class IoU and a picture in MLflow, the segmenter registered (``ropim-segmenter``, loaded without pickle), the
+encoder version tagged with ``downstream.<dataset>.miou``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ropim.tracking.encoders import EncoderRef
 from ropim.tracking.segmenters import register_segmenter as register_segmenter_files
 from ropim.train.downstream import tag_version
 from ropim.train.job import dataset_name
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.segment.config import SegmentConfig
 from ropim.viz.segmentation import segmentation_png
 
 
