@@ -20,8 +20,9 @@ from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import Run, open_run
 from ropim.train.downstream import run_tags
+from ropim.train.encoder_job import EncoderJob
 from ropim.train.inprocess import downloaded
-from ropim.train.job import EncoderJob, JobConfig, dataset_name
+from ropim.train.job import JobConfig, dataset_name
 from ropim.train.jobs import JOBS, Prepared, prepare
 from ropim.train.loop import train
 from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths

@@ -1,7 +1,7 @@
-"""What every training job is (``JobConfig``; ``EncoderJob`` for the jobs that start from an encoder) and what the
-training loop reads from it (``LoopConfig``). A job's config declares only its own fields and rules; the fields
-shared by every job, the resumable set, the checks, the resources and the dict round trip are here. Imports nothing
-heavy, so that the command line parses and validates fast."""
+"""What every training job is (``JobConfig``; ``ropim.train.encoder_job`` for the jobs that start from an encoder)
+and what the training loop reads from it (``LoopConfig``). A job's config declares only its own fields and rules;
+the fields shared by every job, the resumable set, the checks, the resources and the dict round trip are here.
+Imports nothing heavy, so that the command line parses and validates fast."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from ropim.checks import (
     POSITIVE,
     SEED,
     Range,
-    check_encoder_input,
     check_fields,
     check_local_resources,
     check_location,
@@ -26,7 +25,6 @@ from ropim.checks import (
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
-from ropim.tracking.names import DEFAULT_ENCODER_NAME
 
 ADAMW_KERNELS = ("default", "foreach", "fused")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -246,49 +244,3 @@ class JobConfig:
         """The config a ``to_dict`` gave (nested configs rebuilt from their dicts)."""
         hints = typing.get_type_hints(cls)
         return cls(**{k: hints[k](**v) if dataclasses.is_dataclass(hints.get(k)) else v for k, v in d.items()})
-
-
-@dataclass(frozen=True)
-class EncoderJob(JobConfig):
-    """A job that starts from an encoder (a registered version, a run's artifact or a local folder)."""
-
-    RULES = {**JobConfig.RULES, "dataloader_workers": Range(0, integer=True)}
-    RESUMABLE = (*JobConfig.RESUMABLE, "dataloader_workers")
-
-    encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"  # models:/name/version, models:/name@alias, runs:/…
-    dataloader_workers: int = 0  # DataLoader processes per worker
-
-    @property
-    def run_prefix(self) -> str:
-        return f"{self.kind}-{dataset_name(self.data)}"
-
-    def size(self, config: dict) -> str:
-        """The image size it trains at, for the run's first line (" at 32px"; ``config``: the encoder's)."""
-        return ""
-
-    def check_inputs(self) -> None:
-        check_location(self.encoder, "encoder")
-        super().check_inputs()
-
-    def check_data(self) -> None:
-        """The training split holds a global batch and the val split (every evaluation's) holds images."""
-        from ropim.data.sources import count_images
-
-        super().check_data()
-        if not count_images(self.data, "val"):
-            raise ConfigError(f"data source={self.data.source!r}: the split holds no images")
-
-    def pinned(self, uri: str, config: dict, pinned: str):
-        """This config checked against the encoder ``uri`` it starts from (``config``: its config.json, ``depth`` the
-        blocks of its weights) and fixed to ``pinned``, the version or folder it resolved to, so that every worker and
-        a resumed run load the same one."""
-        self.check_encoder(uri, config)
-        return replace(self, encoder=pinned)
-
-    def check_encoder(self, uri: str, config: dict) -> None:
-        """The encoder (its ``config.json``) fits this job: RGB images at its own size. Needs no torch: the pre-flight
-        runs it on a local folder's config, the job on every encoder's."""
-        check_encoder_input(uri, config)
-
-    def resolved(self):
-        return replace(super().resolved(), encoder=resolve_path(self.encoder))

@@ -19,9 +19,10 @@ from ropim.paths import resolve_path
 from ropim.tracking.names import default_run_name
 from ropim.tracking.preflight import check_models
 from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.encoder_job import EncoderJob
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.graft.config import GraftConfig
-from ropim.train.job import EncoderJob, JobConfig
+from ropim.train.job import JobConfig
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
 

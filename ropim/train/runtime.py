@@ -20,9 +20,10 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note
+from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
-from ropim.train.job import EncoderJob, JobConfig
+from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]

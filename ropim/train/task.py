@@ -4,6 +4,7 @@ process, ``ropim.train.runtime``), and the ``Task`` a job supplies (a base class
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,9 +15,11 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ropim.errors import ConfigError
-from ropim.tracking import store
+from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates
 from ropim.train.job import JobConfig
+
+log = logging.getLogger("ropim.train")
 
 
 class Worker(Protocol):
@@ -109,6 +112,13 @@ class Task(ABC):
         """JSON-able extras stored in the checkpoint's metrics.json (``extra``)."""
         return self.extra
 
+    def log_epoch(self, metrics: dict, *shown: str) -> None:
+        """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA."""
+        cfg, epoch = self.cfg, metrics["epoch"]
+        eta = (cfg.epochs - epoch) * metrics["epoch_time_s"] / 60
+        log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
+                 f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min")
+
     def sharded(self, dataset, micro_batch: int, processes: int = 0,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
         """This worker's share of a map-style ``dataset``: a seeded ``DistributedSampler`` (reshuffled per epoch,
@@ -127,6 +137,20 @@ class Task(ABC):
             return iter(loader)
 
         return EpochData(batches, len(loader) // cfg.accum, stats or {})
+
+
+class EncoderTask(Task):
+    """A task that starts from an encoder: its weights and config (the version the driver pinned) loaded on the
+    worker."""
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        super().__init__(config, worker)
+        self.state, self.enc_cfg = registry.load_encoder_files(self.cfg.encoder, self.tracking)
+
+
+def percents(metrics: dict, *keys: str) -> list[str]:
+    """``key value%`` of each of ``keys`` that ``metrics`` holds (an evaluation's top-1, mIoU, …)."""
+    return [f"{k} {metrics[k]:.2f}%" for k in keys if k in metrics]
 
 
 def bad_images(dataset) -> tuple[Callable[[], float], str]:

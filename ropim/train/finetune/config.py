@@ -6,40 +6,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ropim.checks import COUNT, NON_NEGATIVE, POSITIVE, SHARE, Range, check_encoder_input
+from ropim.checks import NON_NEGATIVE, POSITIVE, SHARE, Range, check_encoder_input
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME
-from ropim.train.job import EncoderJob
+from ropim.train.encoder_job import TransferJob
 
 
 @dataclass(frozen=True)
-class FinetuneConfig(EncoderJob):
+class FinetuneConfig(TransferJob):
     """A fine-tune of a registered encoder (the paper's recipe by default); ``ropim finetune --help`` lists it."""
 
     NAME = "finetune"
-    BATCH = "batch_size"
-    RULES = {**EncoderJob.RULES, "base_lr": POSITIVE, "batch_size": COUNT, "eval_every": COUNT,
-             "layer_decay": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
-             "label_smoothing": Range(0, 1, high_open=True), "mixup": NON_NEGATIVE, "cutmix": NON_NEGATIVE,
-             "reprob": SHARE, "crop_scale_min": Range(0, 1, low_open=True), "hflip": SHARE,
-             "img_size": Range(1, integer=True, optional=True)}
+    RULES = {**TransferJob.RULES, "base_lr": POSITIVE, "label_smoothing": Range(0, 1, high_open=True),
+             "mixup": NON_NEGATIVE, "cutmix": NON_NEGATIVE, "reprob": SHARE,
+             "crop_scale_min": Range(0, 1, low_open=True), "img_size": Range(1, integer=True, optional=True)}
 
-    random_init: bool = False  # same architecture, weights not loaded: the from-scratch baseline
     img_size: int | None = None  # None: the encoder's; another size resamples the position embedding
-    batch_size: int = 64  # global: split over num_workers
     base_lr: float = 5e-3  # lr = base_lr × batch_size / 512 (the paper's grid: 5e-3, 1e-2, 2e-2)
     warmup_epochs: float = 5.0
-    layer_decay: float = 0.75
-    drop_path: float = 0.1
     label_smoothing: float = 0.1
     mixup: float = 0.8
     cutmix: float = 1.0
     randaugment: str = "rand-m9-mstd0.5-inc1"  # timm's RandAugment 9 / 0.5; "" disables
     reprob: float = 0.25
     crop_scale_min: float = 0.08
-    hflip: float = 0.5
-    eval_every: int = 1  # epochs between val evaluations (the last epoch always evaluates)
-    log_every: int = 20
     experiment: str = "ropim-finetune"
     registered_model: str = DEFAULT_CLASSIFIER_NAME  # "" = do not register the classifier
 

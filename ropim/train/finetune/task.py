@@ -8,7 +8,6 @@ confusion matrix, sharded over the workers; the last one is kept for ``register.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 from PIL import Image, ImageOps
@@ -21,13 +20,10 @@ from torch.utils.data import DataLoader, Subset
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
 from ropim.eval.metrics import confusion_matrix, topk_hits
-from ropim.tracking import registry
 from ropim.train.downstream import classifier_from
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EpochData, Task, Worker
-
-log = logging.getLogger("ropim.finetune")
+from ropim.train.task import EncoderTask, EpochData, Worker, percents
 
 
 def baseline(cfg: FinetuneConfig) -> FinetuneConfig:
@@ -75,7 +71,7 @@ def evaluate_counts(model: torch.nn.Module, loader: DataLoader, n_classes: int, 
     return counts, conf
 
 
-class FinetuneTask(Task):
+class FinetuneTask(EncoderTask):
     """Fine-tuning as the loop sees it."""
 
     CONFIG = FinetuneConfig
@@ -84,7 +80,6 @@ class FinetuneTask(Task):
     def __init__(self, config: dict, worker: Worker) -> None:
         super().__init__(config, worker)
         cfg = self.cfg
-        self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
         self.img_size = cfg.img_size or self.enc_cfg["img_size"]
         self.train_set = build_dataset(cfg.data, "train", train_transform(cfg, self.img_size), self.img_size)
         self.classes = list(self.train_set.classes)
@@ -127,7 +122,4 @@ class FinetuneTask(Task):
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "top1" in metrics:
-            eta = (self.cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]
-            log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
-                     f"{metrics['train_loss']:.4f} val top-1 {metrics['top1']:.2f}% top-5 {metrics['top5']:.2f}% "
-                     f"{metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
+            self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f} val", *percents(metrics, "top1", "top5"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from ropim.checks import COUNT, POSITIVE, Range
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
-from ropim.train.job import EncoderJob
+from ropim.train.encoder_job import EncoderJob
 
 LGP_LOWER_SHARE = 2 / 3  # LGP's ViT-B: blocks 1-8 of 12 at the lower rate ("1.5e-5,1.5e-5,1.5e-4" over 3 thirds)
 

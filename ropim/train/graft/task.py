@@ -11,8 +11,6 @@ every worker.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from ropim.core.backbone import create_encoder
@@ -20,24 +18,20 @@ from ropim.core.contrastive import momentum_at
 from ropim.core.moco import MoCo, lgp_param_groups
 from ropim.data.datasets import build_dataset
 from ropim.data.views import TwoViews
-from ropim.tracking import registry
 from ropim.tracking.encoders import encoder_depth
 from ropim.train.downstream import frozen_scores
 from ropim.train.graft.config import GraftConfig
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EpochData, Task, Worker, bad_images
-
-log = logging.getLogger("ropim.train")
+from ropim.train.task import EncoderTask, EpochData, Worker, bad_images, percents
 
 
-class GraftTask(Task):
+class GraftTask(EncoderTask):
     """The graft as the loop sees it."""
 
     CONFIG = GraftConfig
 
     def __init__(self, config: dict, worker: Worker) -> None:
         super().__init__(config, worker)
-        self.state, self.enc_cfg = registry.load_encoder_files(self.cfg.encoder, self.tracking)
         self.img_size = self.enc_cfg["img_size"]
         self.m = self.cfg.momentum
 
@@ -74,8 +68,5 @@ class GraftTask(Task):
         return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
 
     def epoch_end(self, model: MoCo, metrics: dict) -> None:
-        cfg, epoch = self.cfg, metrics["epoch"]
-        quality = "".join(f" {k} {metrics[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in metrics)
-        log.info(f"[graft] epoch {epoch}/{cfg.epochs} loss {metrics['loss']:.4f} momentum {metrics['momentum']:.5f} "
-                 f"{metrics['img_per_s']:.1f} img/s {metrics['epoch_time_s']:.1f} s{quality} "
-                 f"ETA {(cfg.epochs - epoch) * metrics['epoch_time_s'] / 60:.1f} min")
+        self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"momentum {metrics['momentum']:.5f}",
+                       *percents(metrics, "knn_top1", "linear_top1"))

@@ -27,7 +27,7 @@ from ropim.train.downstream import frozen_scores
 from ropim.train.loop import worker_seed
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EpochData, Task, Worker, bad_images
+from ropim.train.task import EpochData, Task, Worker, bad_images, percents
 
 log = logging.getLogger("ropim.train")
 
@@ -130,17 +130,15 @@ class PretrainTask(Task):
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)
         for m in done:
-            log.info(f"[pretrain] epoch {m['epoch']} evaluated beside training:"
-                     + "".join(f" {k} {m[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in m))
+            log.info(f"[pretrain] epoch {m['epoch']} evaluated beside training: "
+                     + " ".join(percents(m, "knn_top1", "linear_top1")))
         if wait:
             self.background.close()
         return done
 
     def epoch_end(self, model: ROPIM, metrics: dict) -> None:
         cfg, epoch = self.cfg, metrics["epoch"]
-        quality = "".join(f" {k} {metrics[k]:.2f}%" for k in ("knn_top1", "linear_top1") if k in metrics)
-        log.info(f"[pretrain] epoch {epoch}/{cfg.epochs} loss {metrics['loss']:.4f} {metrics['img_per_s']:.1f} img/s "
-                 f"data wait {100 * metrics['data_wait_share']:.1f}% {metrics['epoch_time_s']:.1f} s{quality} "
-                 f"ETA {(cfg.epochs - epoch) * metrics['epoch_time_s'] / 60:.1f} min")
+        self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"data wait {100 * metrics['data_wait_share']:.1f}%",
+                       *percents(metrics, "knn_top1", "linear_top1"))
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
             log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)

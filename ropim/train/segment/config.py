@@ -7,29 +7,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ropim.checks import COUNT, NON_NEGATIVE, POSITIVE, SHARE, Range
+from ropim.checks import COUNT, NON_NEGATIVE, POSITIVE, Range
 from ropim.data.seg_config import SegDataConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_SEGMENTER_NAME
-from ropim.train.job import EncoderJob
+from ropim.train.encoder_job import TransferJob
 
 
 @dataclass(frozen=True)
-class SegmentConfig(EncoderJob):
+class SegmentConfig(TransferJob):
     """UperNet semantic segmentation from an encoder; ``ropim segment --help`` lists it."""
 
     NAME = "segment"
-    BATCH = "batch_size"
-    RULES = {**EncoderJob.RULES, "lr": POSITIVE, "batch_size": COUNT, "eval_every": COUNT,
-             "crop_size": Range(8, 4096, integer=True), "layer_decay": Range(0, 1, low_open=True),
-             "drop_path": Range(0, 1, high_open=True), "channels": COUNT, "aux_channels": COUNT,
-             "aux_weight": NON_NEGATIVE, "dropout": Range(0, 1, high_open=True), "scale_min": POSITIVE,
-             "scale_max": POSITIVE, "hflip": SHARE, "eval_stride": Range(1, integer=True, optional=True),
+    RULES = {**TransferJob.RULES, "lr": POSITIVE, "crop_size": Range(8, 4096, integer=True), "channels": COUNT,
+             "aux_channels": COUNT, "aux_weight": NON_NEGATIVE, "dropout": Range(0, 1, high_open=True),
+             "scale_min": POSITIVE, "scale_max": POSITIVE, "eval_stride": Range(1, integer=True, optional=True),
              "viz_images": Range(0, integer=True)}
-    FLAGS = (*EncoderJob.FLAGS, "photometric")
+    FLAGS = (*TransferJob.FLAGS, "photometric")
     schedule = "poly"  # the loop's decay after the warm-up (``LoopConfig.schedule``)
 
-    random_init: bool = False  # same architecture, encoder weights not loaded: the from-scratch baseline
     data: SegDataConfig = field(default_factory=SegDataConfig)
     crop_size: int = 512  # training crops and inference windows; the encoder is rebuilt at this size
     epochs: int = 128  # optimizer steps = epochs × steps per epoch (max_steps_per_epoch caps the latter)
@@ -38,19 +34,15 @@ class SegmentConfig(EncoderJob):
     min_lr: float = 0.0
     warmup_epochs: float = 1.2
     layer_decay: float = 0.65
-    drop_path: float = 0.1
     channels: int = 768  # UperNet's decoder width (BEiT's and MAE's mmseg configs: the encoder width)
     aux_channels: int = 256  # the auxiliary FCN head's width
     aux_weight: float = 0.4  # the auxiliary loss weight
     dropout: float = 0.1  # before each classifier
     scale_min: float = 0.5  # random scale of the shorter side, × crop_size
     scale_max: float = 2.0
-    hflip: float = 0.5
     photometric: bool = True  # brightness, contrast, saturation, hue jitter, each with probability 0.5
     eval_mode: Literal["slide", "whole"] = "slide"  # sliding windows over the shorter-side-resized image, or one
     eval_stride: int | None = None  # sliding-window stride (None: 2/3 of crop_size, mmseg's 341 at 512)
-    eval_every: int = 1  # epochs between val evaluations (the last epoch always evaluates)
-    log_every: int = 20
     viz_images: int = 4  # val images in the logged picture (image | ground truth | prediction); 0 = none
     experiment: str = "ropim-segment"
     registered_model: str = DEFAULT_SEGMENTER_NAME  # "" = do not register the segmenter

@@ -20,10 +20,9 @@ from ropim.core.segmenter import segmenter_from_encoder
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
 from ropim.data.seg_sources import IGNORE, open_seg_source
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
-from ropim.tracking import registry
 from ropim.train.segment.config import SegmentConfig
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EpochData, Task, Worker, bad_images
+from ropim.train.task import EncoderTask, EpochData, Worker, bad_images, percents
 
 log = logging.getLogger("ropim.segment")
 
@@ -63,7 +62,7 @@ def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentCon
     return conf
 
 
-class SegmentTask(Task):
+class SegmentTask(EncoderTask):
     """Segmentation as the loop sees it."""
 
     CONFIG = SegmentConfig
@@ -72,7 +71,6 @@ class SegmentTask(Task):
     def __init__(self, config: dict, worker: Worker) -> None:
         super().__init__(config, worker)
         cfg = self.cfg
-        self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
         source = open_seg_source(cfg.data)
         self.classes = source.classes
         self.train_set = build_seg_dataset(cfg.data, "train", seg_train_transform(
@@ -121,7 +119,5 @@ class SegmentTask(Task):
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "miou" in metrics:
-            eta = (self.cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]
-            log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
-                     f"{metrics['train_loss']:.4f} val mIoU {metrics['miou']:.2f}% pixel acc "
-                     f"{metrics['pixel_acc']:.2f}% {metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
+            self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f} val",
+                           *percents(metrics, "miou", "pixel_acc"))
