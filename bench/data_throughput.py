@@ -158,8 +158,8 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
     from mlflow.tracking import MlflowClient
 
     from ropim.cli import PRESETS
-    from ropim.train.config import PretrainConfig
-    from ropim.train.pretrain import pretrain
+    from ropim.train.driver import run
+    from ropim.train.pretrain.config import PretrainConfig
 
     raw = yaml.safe_load((PRESETS / "pretrain" / "cifar_micro.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +169,7 @@ def run_pretrain(data: str, steps: int, epochs: int, ingest: str) -> list[dict]:
         old_uri = os.environ.get("MLFLOW_TRACKING_URI")
         os.environ["MLFLOW_TRACKING_URI"] = uri = f"sqlite:///{tmp}/mlflow.db"
         try:
-            run_id = pretrain(PretrainConfig.from_dict(raw)).run_id
+            run_id = run(PretrainConfig.from_dict(raw)).run_id
             client = MlflowClient(uri)
             history = {k: {m.step: m.value for m in client.get_metric_history(run_id, k)}
                        for k in ("data_wait_share", "img_per_s", "epoch_time_s")}

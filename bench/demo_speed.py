@@ -1,5 +1,5 @@
 """The demo's pretraining end to end under each CPU setting: the ``digits_demo`` pretrain preset (Ray start, all its
-epochs, registration) run by the library (``ropim.train.pretrain.pretrain``), one setting after another; wall time,
+epochs, registration) run by the library (``ropim.train.driver.run``), one setting after another; wall time,
 steady img/s (the median epoch) and the registered encoder's kNN / linear-probe top-1 on the digits val split, so
 that speed is read beside quality (a setting that changes the numbers shows it here).
 
@@ -24,7 +24,7 @@ import yaml
 from record import provenance, write_json  # bench/, beside this file
 
 from ropim.data.config import DataConfig
-from ropim.train.config import PretrainConfig
+from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import cpu_features
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,14 +49,14 @@ def run_setting(setting: str, args: argparse.Namespace, storage: str) -> dict:
     from ropim.tracking import store
     from ropim.tracking.registry import load_encoder
     from ropim.train.downstream import frozen_scores
-    from ropim.train.pretrain import pretrain
+    from ropim.train.driver import run
 
     cfg = setting_config(setting, args.epochs, storage)
     t0 = time.perf_counter()
-    result = pretrain(cfg)
+    result = run(cfg)
     wall = time.perf_counter() - t0
     rates = [m.value for m in store.client().get_metric_history(result.run_id, "img_per_s")]
-    encoder, enc_cfg = load_encoder(result.encoder_uri)
+    encoder, enc_cfg = load_encoder(result.model_uri)
     scores = frozen_scores(encoder, enc_cfg["img_size"], DataConfig())
     row = dict(setting=setting, num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker, adamw=cfg.adamw,
                compile=cfg.compile, precision=cfg.precision, epochs=cfg.epochs, wall_s=wall,

@@ -38,12 +38,12 @@ import yaml
 from ropim.cli import PRESETS
 from ropim.data.config import DataConfig
 from ropim.tracking.registry import load_encoder
-from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.downstream import frozen_scores
-from ropim.train.finetune import finetune
-from ropim.train.graft import graft
-from ropim.train.graft_config import GraftConfig
-from ropim.train.pretrain import encoder_config, pretrain
+from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.graft.config import GraftConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import encoder_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("ropim", "ropim+lgp", "moco")
@@ -71,8 +71,8 @@ def first_stage(args, seed: int, epochs: int, name: str) -> dict:
     """ROPIM for ``epochs`` of the preset: the registered encoder and the images it saw."""
     cfg = pretrain_config(args, epochs=epochs, seed=seed, num_workers=0, viz_every=0, log_every=1000, run_name=name,
                           max_steps_per_epoch=args.max_steps)
-    result = pretrain(cfg)
-    return {"encoder": result.encoder_uri, "images": result.metrics["step"] * cfg.global_batch_size}
+    result = run(cfg)
+    return {"encoder": result.model_uri, "images": result.metrics["step"] * cfg.global_batch_size}
 
 
 def second_stage(args, encoder: str, seed: int, epochs: int, name: str, moco: bool) -> dict:
@@ -81,8 +81,8 @@ def second_stage(args, encoder: str, seed: int, epochs: int, name: str, moco: bo
     cfg = GraftConfig.from_dict(preset("graft", args.data, encoder=encoder, epochs=epochs, seed=seed, num_workers=0,
                                        eval_every=0, run_name=name, max_steps_per_epoch=args.max_steps,
                                        **(plain if moco else {})))
-    result = graft(cfg)
-    return {"encoder": result.encoder_uri, "images": result.metrics["step"] * cfg.global_batch_size}
+    result = run(cfg)
+    return {"encoder": result.model_uri, "images": result.metrics["step"] * cfg.global_batch_size}
 
 
 def random_encoder(cfg: PretrainConfig, seed: int, folder: Path) -> str:
@@ -107,7 +107,7 @@ def score(args, encoder: str, seed: int, name: str) -> dict:
     epochs = {"epochs": args.finetune_epochs} if args.finetune_epochs else {}
     ft = FinetuneConfig.from_dict(preset("finetune", args.data, encoder=encoder, seed=seed, registered_model="",
                                          run_name=f"ft-{name}", max_steps_per_epoch=args.max_steps, **epochs))
-    return {**frozen, "finetune_top1": finetune(ft)["top1"]}
+    return {**frozen, "finetune_top1": run(ft).metrics["top1"]}
 
 
 def run_method(args, method: str, seed: int) -> dict:

@@ -44,11 +44,11 @@ from ropim.core.model import ROPIM, encoder_spec
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.eval.segmentation import IGNORE_INDEX
 from ropim.train.checkpoint import save_checkpoint
-from ropim.train.config import FinetuneConfig, PretrainConfig
-from ropim.train.graft_config import GraftConfig
-from ropim.train.loop import autocast_dtype, grad_scaler
-from ropim.train.segment_config import SegmentConfig
-from ropim.train.speed import adamw_kernels, resolve_precision
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.graft.config import GraftConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
+from ropim.train.speed import adamw_kernels, autocast_dtype, grad_scaler, resolve_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "ropim" / "presets"

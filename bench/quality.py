@@ -1,9 +1,9 @@
 """Quality benchmark on CIFAR-10 through the service itself: ROPIM vs SimMIM masking vs no pretraining, at equal
 budget, on the ``beit`` (the paper's) and ``vit`` backbones, over several seeds (mean ± std).
 
-Every encoder is pretrained by ``ropim.train.pretrain.pretrain`` (the code of ``ropim pretrain``, in this process:
+Every encoder is pretrained by ``ropim.train.driver.run`` (the code of ``ropim pretrain``, in this process:
 ``num_workers=0``), registered in a scratch MLflow store, then scored by the code of ``ropim finetune``
-(``ropim.train.finetune.finetune``, the paper's recipe trimmed for 32² as in the digits_demo fine-tune preset) and
+(``ropim.train.driver.run``, the paper's recipe trimmed for 32² as in the digits_demo fine-tune preset) and
 by kNN + a linear probe on frozen features (``ropim.train.downstream.frozen_scores``). "none" scores a randomly
 initialised encoder of the same architecture with exactly the same fine-tune (``baseline``).
 
@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig
 from ropim.tracking.registry import load_encoder
-from ropim.train.config import FinetuneConfig, PretrainConfig
 from ropim.train.downstream import frozen_scores
-from ropim.train.finetune import baseline, finetune
-from ropim.train.pretrain import pretrain
+from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("rop", "rop-best", "mask", "none")
@@ -107,25 +107,25 @@ def score(args, method: str, backbone: str, seed: int, pre: DataConfig, labelled
     if method == "none":  # the same architecture at random init, fine-tuned with exactly the same recipe
         torch.manual_seed(seed)
         encoder = create_encoder(cfg.model)
-        ft = baseline(dataclasses.replace(ft, encoder=encoder_folder(encoder, cfg)))
+        ft = dataclasses.replace(ft, encoder=encoder_folder(encoder, cfg), random_init=True)
         seen = 0
     else:
-        result = pretrain(cfg)
-        ft = dataclasses.replace(ft, encoder=result.encoder_uri)
+        result = run(cfg)
+        ft = dataclasses.replace(ft, encoder=result.model_uri)
         encoder, _ = load_encoder(ft.encoder)
         seen = result.metrics["step"] * cfg.global_batch_size
     t_pre = time.perf_counter() - t0
     frozen = frozen_scores(encoder, 32, labelled, knn_k=20)
     return {"method": method, "backbone": backbone, "seed": seed, "pretrain_s": round(t_pre, 1),
             "pretrain_images_seen": seen, **frozen,
-            "finetune_top1": finetune(ft)["top1"], "total_s": round(time.perf_counter() - t0, 1)}
+            "finetune_top1": run(ft).metrics["top1"], "total_s": round(time.perf_counter() - t0, 1)}
 
 
 def encoder_folder(encoder, cfg: PretrainConfig) -> str:
     """A local encoder folder holding ``encoder`` (what ``none`` fine-tunes from, at random init)."""
     from safetensors.torch import save_file
 
-    from ropim.train.pretrain import encoder_config
+    from ropim.train.pretrain.register import encoder_config
 
     folder = Path(tempfile.mkdtemp(prefix="ropim-none-", dir="."))
     save_file({k: v.contiguous() for k, v in encoder.state_dict().items()}, str(folder / "encoder.safetensors"))

@@ -121,8 +121,8 @@ def sweep(args: argparse.Namespace, sizes: list[tuple[int, int]]) -> list[dict]:
 
 def workers_rows(args: argparse.Namespace) -> list[dict]:
     """The real pretraining job on 1 and 2 Ray Train workers sharing this machine's cores: steady img/s."""
-    from ropim.train.config import PretrainConfig
-    from ropim.train.pretrain import pretrain
+    from ropim.train.driver import run
+    from ropim.train.pretrain.config import PretrainConfig
 
     cores, rows = os.cpu_count() or 1, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +134,7 @@ def workers_rows(args: argparse.Namespace) -> list[dict]:
                     num_workers=workers, cpus_per_worker=cores / workers, max_steps_per_epoch=args.worker_steps,
                     warmup_epochs=0, viz_every=0, log_every=1000, storage_path=f"{tmp}/runs",
                     run_name=f"w{workers}-{img_size}", registered_model="scaling-bench")
-                metrics = pretrain(cfg).metrics  # epoch 2's rate: the first epoch pays start-up
+                metrics = run(cfg).metrics  # epoch 2's rate: the first epoch pays start-up
                 rows.append(dict(img_size=img_size, n_tokens=cfg.model.n_tokens, workers=workers,
                                  threads_per_worker=max(1, cores // workers), global_batch=args.worker_batch,
                                  img_per_s=metrics["img_per_s"], data_wait_share=metrics["data_wait_share"]))

@@ -4,8 +4,8 @@ encoder vs from a randomly initialised encoder of the same architecture, at the 
 
 The pretrained encoder is ``--encoder`` (a ``models:/`` URI of your MLflow store, e.g. what ``make demo``
 registers, or a local encoder folder), or, by default, one pretrained here with the ``digits_demo`` pretraining
-preset (``ropim.train.pretrain.pretrain``, in this process). Every segmentation is the code of ``ropim segment``
-(``ropim.train.segment_job.segment``, ``num_workers=0``) in a scratch MLflow store; nothing is registered.
+preset (``ropim.train.driver.run``, in this process). Every segmentation is the code of ``ropim segment``
+(``ropim.train.driver.run``, ``num_workers=0``) in a scratch MLflow store; nothing is registered.
 
     .venv/bin/python bench/segment_quality.py --seeds 0 1                         # pretrains, then 4 segmentations
     .venv/bin/python bench/segment_quality.py --encoder models:/ropim-encoder/1   # the demo's encoder
@@ -32,10 +32,9 @@ import yaml
 from safetensors.torch import save_file
 
 from ropim.tracking.registry import load_encoder_files
-from ropim.train.config import PretrainConfig
-from ropim.train.pretrain import pretrain
-from ropim.train.segment_config import SegmentConfig
-from ropim.train.segment_job import segment
+from ropim.train.driver import run
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 PRESETS = Path(__file__).resolve().parents[1] / "ropim" / "presets"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,8 +60,8 @@ def pretrained_here(args) -> tuple[str, dict]:
     """Pretrain with the digits_demo preset in this process; (encoder folder, what was run)."""
     d = preset("pretrain", "digits_demo") | {"num_workers": 0, "epochs": args.pretrain_epochs, "viz_every": 0,
                                              "max_steps_per_epoch": args.pretrain_steps, "run_name": "bench-pretrain"}
-    result = pretrain(PretrainConfig.from_dict(d))
-    return local_encoder(result.encoder_uri, Path("encoder")), {"pretrain_epochs": args.pretrain_epochs,
+    result = run(PretrainConfig.from_dict(d))
+    return local_encoder(result.model_uri, Path("encoder")), {"pretrain_epochs": args.pretrain_epochs,
                                                                "pretrain_steps_per_epoch": args.pretrain_steps}
 
 
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in args.seeds:
             for random_init in (False, True):
                 t1 = time.perf_counter()
-                res = segment(segment_config(args, encoder, seed, random_init))
+                res = run(segment_config(args, encoder, seed, random_init)).metrics
                 rows.append({"encoder": "random init" if random_init else "pretrained", "seed": seed,
                              "miou": res["miou"], "pixel_acc": res["pixel_acc"], "train_loss": res["train_loss"],
                              "seconds": round(time.perf_counter() - t1, 1)})

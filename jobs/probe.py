@@ -1,8 +1,12 @@
-"""`ray job submit --working-dir . -- python jobs/probe.py [--preset NAME] [overrides]`: `ropim probe` as a Ray job."""
+"""`ropim probe` as a Ray job (the file's name is the command; `ropim.train.jobs` lists the training jobs).
+
+    ray job submit --working-dir . -- python jobs/probe.py [--preset NAME] [overrides]
+"""
 
 import sys
+from pathlib import Path
 
 from ropim.cli import main
 
 if __name__ == "__main__":
-    main(["probe", *sys.argv[1:]], quiet=True)
+    main([Path(__file__).stem, *sys.argv[1:]], quiet=True)

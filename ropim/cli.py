@@ -143,26 +143,14 @@ def plugins() -> dict[str, object]:
 
 
 def job_commands() -> dict[str, tuple[type, str, str]]:
-    """Each job subcommand: (its config class, its description, its line in ``ropim --help``)."""
+    """Each job subcommand: (its config class, its description, its line in ``ropim --help``): the training jobs
+    (``ropim.train.jobs``), then the flows and pictures."""
     from ropim.flows.config import DemoConfig, ProbeConfig, TransferConfig
-    from ropim.train.config import FinetuneConfig, PretrainConfig
-    from ropim.train.graft_config import GraftConfig
-    from ropim.train.segment_config import SegmentConfig
+    from ropim.train.jobs import JOBS
     from ropim.viz.config import VizConfig
 
     return {
-        "pretrain": (PretrainConfig, "Pretrain a ViT with ROPIM on Ray Train; register it.",
-                     "pretrain an encoder and register it in MLflow"),
-        "finetune": (FinetuneConfig, "Fine-tune a classifier from an encoder (models:/name/version, "
-                     "models:/name@alias, runs:/…, or a local folder) on Ray Train (num_workers=0: in this process); "
-                     "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5"),
-        "graft": (GraftConfig, "LGP-ROPIM's second stage: MoCo v3 on an encoder (models:/name/version, "
-                  "models:/name@alias, runs:/…, or a folder), its lower blocks at a fraction of the learning rate "
-                  "(Layer Grafted Pre-training), on Ray Train; register the result as a new encoder version tagged "
-                  "stage=lgp.", "graft MoCo v3 onto an encoder (LGP-ROPIM) and register it"),
-        "segment": (SegmentConfig, "Semantic segmentation transfer: UperNet on an encoder (the paper's ADE20K "
-                    "protocol), on Ray Train (num_workers=0: in this process); register it as ropim-segmenter.",
-                    "train UperNet from an encoder URI and report mIoU / pixel accuracy"),
+        **{name: (job.config, job.description, job.help) for name, job in JOBS.items()},
         "probe": (ProbeConfig, "Linear probe and cosine kNN on frozen features.",
                   "linear probe + kNN top-1 / top-5 of a frozen encoder"),
         "transfer": (TransferConfig, "Fine-tune (or --mode probe) every encoder of --encoders A,B on every source "
@@ -177,8 +165,10 @@ def job_commands() -> dict[str, tuple[type, str, str]]:
 
 def add_job_command(sub, name: str, config_cls: type, description: str, help_line: str) -> None:
     """``ropim NAME``: a job subcommand over ``config_cls``."""
+    from ropim.train.jobs import JOBS
+
     parser = job_parser(config_cls, name, description)
-    if name == "pretrain":
+    if name in JOBS and JOBS[name].resume:
         parser.add_argument("--resume", type=str | None, default=None,
                             help="continue the named run with its stored config (num_workers, use_gpu, "
                                  "stop_after_epochs, max_failures may change)")
@@ -225,8 +215,10 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
             commands.run_presets(all_presets(plugin_commands))
             return
         ns = args[args.command] if args.command in ("data", "models") else parser.instantiate(args)[args.command]
-        run = plugin_commands[args.command].run if args.command in plugin_commands else commands.RUNNERS[args.command]
-        run(ns)
+        if args.command in plugin_commands:
+            plugin_commands[args.command].run(ns)
+        else:
+            commands.runner(args.command)(ns)
     except ERRORS as err:
         raise SystemExit(f"ropim {command}: {err}") from None
     except ArgumentError as err:

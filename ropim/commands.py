@@ -4,6 +4,7 @@ input fails in a fraction of a second."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from jsonargparse import Namespace
@@ -63,31 +64,17 @@ def run_data(ns: Namespace) -> None:
 
 
 def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict], None] | None = None):
-    """Validate ``cfg``, reach the tracking store and check that ``encoders`` exist, before torch or Ray is
-    imported; ``check_encoder(uri, config)`` then reads the config of each one that is a local folder. Return
-    ``cfg``."""
-    import json
-
-    from ropim.tracking.model_folder import check_local_model
-    from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
+    """Validate ``cfg`` (a flow's: probe, transfer, demo), reach the tracking store and check that ``encoders``
+    exist, before torch or Ray is imported; ``check_encoder(uri, config)`` then reads the config of each one that is a
+    local folder. Return ``cfg``. (A training job's pre-flight is its ``prepare``.)"""
+    from ropim.tracking.preflight import check_models
+    from ropim.tracking.uri import check_tracking, tracking_uri
 
     cfg.validate()
     cfg.check_resources()
     tracking = tracking_uri()
     check_tracking(tracking)
-    registered = []
-    for uri in encoders:
-        folder = check_local_model(uri, "encoder")  # a folder: its files read here, without MLflow or torch
-        if folder is None:
-            check_model_in_store(uri, "encoder", tracking)
-            registered.append(uri)
-        elif folder.is_dir() and check_encoder is not None:  # its config.json, found whole just above
-            check_encoder(uri, json.loads(next(folder.rglob("config.json")).read_text()))
-    if registered:
-        from ropim.tracking.registry import check_model_uri
-
-        for uri in registered:
-            check_model_uri(uri)
+    check_models(list(encoders), "encoder", tracking, check_encoder)
     return cfg
 
 
@@ -106,62 +93,24 @@ def run_models(ns: Namespace) -> None:
     print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))
 
 
-def run_pretrain(ns: Namespace) -> None:
-    from ropim.data.sources import check_batch_fits
-    from ropim.train.config import PRETRAIN_RESUMABLE, PretrainConfig
+def run_job(name: str, ns: Namespace) -> None:
+    """``ropim NAME`` for a training job (``ropim.train.jobs``): everything checked (``prepare``) before torch or Ray
+    is imported, then the job; its last line is its URI or scores, or how to continue it."""
+    from ropim.train.jobs import JOBS, prepare, resume_config
 
-    cfg = config(ns, PretrainConfig)
-    if ns.resume:
-        from ropim.train.pretrain import resume_config
+    job = JOBS[name]
+    cfg = config(ns, job.config)
+    if job.resume and ns.resume:
+        cfg = resume_config(job, ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in job.config.RESUMABLE})
+    prepared = prepare(cfg)
+    from ropim.train.driver import run
 
-        cfg = resume_config(ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in PRETRAIN_RESUMABLE})
-    preflight(cfg)
-    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
-    from ropim.train.pretrain import pretrain
-
-    result = pretrain(cfg)
-    print(result.encoder_uri or f"unfinished: ropim pretrain --resume {cfg.run_name}")
-
-
-def run_finetune(ns: Namespace) -> None:
-    from ropim.data.sources import check_batch_fits
-    from ropim.train.config import FinetuneConfig
-
-    cfg = config(ns, FinetuneConfig)
-    preflight(cfg, [cfg.encoder], lambda uri, encoder: check_encoder_input(uri, encoder, cfg.img_size))
-    check_batch_fits(cfg.data, {"batch_size": cfg.batch_size})
-    from ropim.train.finetune import finetune
-
-    metrics = finetune(cfg)
-    if "top1" in metrics:
-        print(f"top-1 {metrics['top1']:.2f}%  top-5 {metrics['top5']:.2f}%  classifier "
-              f"{metrics.get('classifier_uri')}  (MLflow run {metrics['run_id']})")
-
-
-def run_graft(ns: Namespace) -> None:
-    from ropim.data.sources import check_batch_fits
-    from ropim.train.graft_config import GraftConfig
-
-    cfg = config(ns, GraftConfig).resolved()
-    preflight(cfg, [cfg.encoder], cfg.check_encoder)
-    check_batch_fits(cfg.data, {"global_batch_size": cfg.global_batch_size})
-    from ropim.train.graft import graft
-
-    result = graft(cfg)
-    print(result.encoder_uri or f"unfinished: re-run with --run_name {result.run_name}")
-
-
-def run_segment(ns: Namespace) -> None:
-    from ropim.train.segment_config import SegmentConfig
-
-    cfg = config(ns, SegmentConfig).resolved()
-    preflight(cfg, [cfg.encoder], cfg.check_encoder)  # random init too: the encoder gives the architecture
-    from ropim.train.segment_job import segment
-
-    metrics = segment(cfg)
-    if "miou" in metrics:
-        print(f"mIoU {metrics['miou']:.2f}%  pixel accuracy {metrics['pixel_acc']:.2f}%  segmenter "
-              f"{metrics.get('segmenter_uri')}  (MLflow run {metrics['run_id']})")
+    result = run(prepared)
+    if result.metrics.get("epoch") != prepared.cfg.epochs:
+        print(f"unfinished: {prepared.resume_hint}")
+    else:
+        print(job.scores.format(**result.metrics, model_uri=result.model_uri, run_id=result.run_id) if job.scores
+              else result.model_uri)
 
 
 def run_probe(ns: Namespace) -> None:
@@ -206,6 +155,11 @@ def run_viz(ns: Namespace) -> None:
 
 
 RUNNERS: dict[str, Callable[[Namespace], None]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "graft": run_graft, "segment": run_segment, "probe": run_probe,
-    "transfer": run_transfer, "demo": run_demo, "viz": run_viz, "data": run_data, "models": run_models,
+    "probe": run_probe, "transfer": run_transfer, "demo": run_demo, "viz": run_viz, "data": run_data,
+    "models": run_models,
 }
+
+
+def runner(command: str) -> Callable[[Namespace], None]:
+    """What ``ropim COMMAND`` runs: a training job's ``run_job``, or the command's own."""
+    return RUNNERS.get(command) or functools.partial(run_job, command)

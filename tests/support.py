@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from ropim.core.config import ModelConfig
-from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ModelConfig(img_size=32, patch_size=4, depth=1)  # 64 tokens, one block: seconds per epoch on a CPU
@@ -40,7 +41,7 @@ def encoder_folder(path: Path, model: ModelConfig = TINY_MODEL, seed: int = 0) -
     from safetensors.torch import save_file
 
     from ropim.core.model import create_encoder
-    from ropim.train.pretrain import encoder_config
+    from ropim.train.pretrain.register import encoder_config
 
     torch.manual_seed(seed)
     enc = create_encoder(model)

@@ -12,7 +12,7 @@ from support import ROOT, run_cli
 
 from ropim.cli import PRESETS, job_parser, shipped_presets
 from ropim.commands import config
-from ropim.train.config import PretrainConfig
+from ropim.train.pretrain.config import PretrainConfig
 
 PRETRAIN = shipped_presets(PRESETS / "pretrain")
 

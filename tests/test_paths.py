@@ -16,7 +16,7 @@ from ropim.commands import config
 from ropim.data.config import DataConfig
 from ropim.paths import cluster_note, resolve_path
 from ropim.tracking import registry, store
-from ropim.train.pretrain import pretrain
+from ropim.train.driver import run
 
 
 def image_folder(root: Path, per_class: int = 24) -> Path:
@@ -57,12 +57,12 @@ def test_relative_data_path_through_a_link_pretrains_on_two_ray_workers(workdir,
     os.symlink("imgs", workdir / "link")  # a relative link, read by workers that run in another folder
     cfg = tiny_pretrain(run_name="relative", num_workers=2, epochs=1, max_steps_per_epoch=2,
                         data=DataConfig(source="link"), storage_path="runs")
-    result = pretrain(cfg)
-    assert result.encoder_uri is not None and result.metrics["epoch"] == 1
+    result = run(cfg)
+    assert result.model_uri is not None and result.metrics["epoch"] == 1
     meta = json.loads((workdir / "runs" / "relative" / "ropim_run.json").read_text())
     assert meta["config"]["data"]["source"] == str(workdir / "link")  # stored resolved, the link kept
     assert meta["config"]["storage_path"] == str(workdir / "runs")
-    name, version = registry.resolve_version(result.encoder_uri)
+    name, version = registry.resolve_version(result.model_uri)
     assert store.client().get_model_version(name, version).tags["dataset"] == str(workdir / "link")
 
 
@@ -84,7 +84,7 @@ def test_cli_relative_and_home_paths_in_process_resume_from_the_same_folder(work
 
 def test_paths_in_a_config_file_mean_the_working_folder_not_the_file_folder(workdir):
     from ropim.cli import build_parser
-    from ropim.train.config import PretrainConfig
+    from ropim.train.pretrain.config import PretrainConfig
 
     (workdir / "cfgs").mkdir(exist_ok=True)
     (workdir / "cfgs" / "c.yaml").write_text("storage_path: out\ndata:\n  source: imgs\n")

@@ -17,7 +17,8 @@ from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from ropim.tracking.names import default_run_name
-from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
 from tune.spaces import apply_trial, max_value, n_grid_points, validate_space
 
 PRESETS = Path(__file__).with_name("presets")
@@ -157,7 +158,7 @@ def prepare(cfg: SweepConfig) -> SweepConfig:
     if cfg.metric == "finetune_top1":
         batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
     if cfg.metric == "segment_miou":  # its data resolved here: trials run in other folders
-        from ropim.train.segment_config import SegmentConfig
+        from ropim.train.segment.config import SegmentConfig
 
         seg = SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().validate()
         cfg = dataclasses.replace(cfg, segment={**cfg.segment, "data": asdict(seg.data)})

@@ -12,8 +12,8 @@ from pathlib import Path
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
 from ropim.tracking.runs import Run
-from ropim.train.config import PretrainConfig
-from ropim.train.pretrain import register_checkpoint
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import register_encoder
 from tune import report
 from tune.config import METRICS, SweepConfig
 from tune.spaces import apply_trial
@@ -109,7 +109,7 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
     full = apply_trial(cfg.pretrain, best["config"])
     trial_cfg = PretrainConfig.from_dict(full)
     with Checkpoint(best["checkpoint"]).as_directory() as folder:
-        encoder_uri = register_checkpoint(Path(folder), trial_cfg, best["mlflow_run"], uri)
+        encoder_uri = register_encoder(trial_cfg, None, best["mlflow_run"], Path(folder), uri)
     name, version = registry.resolve_version(encoder_uri, uri)
     c = store.client(uri)
     for k, v in {"sweep": cfg.name, "sweep_run_id": parent_run_id, "trial_config": json.dumps(best["config"]),

@@ -18,8 +18,8 @@ import pyarrow.fs as pafs
 from ray.tune import Callback
 
 from ropim.tracking.storage import storage_fs
-from ropim.train.loop import Worker
 from ropim.train.runtime import WorkerFn
+from ropim.train.task import Worker
 
 PG_FOLDER = "placement_groups"
 GRACE_S = 5.0  # after a trial ends, before its group is removed (its controller must be gone by then)

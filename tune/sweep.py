@@ -22,8 +22,9 @@ from jsonargparse import ArgumentParser, Namespace
 from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stop_status
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
-from ropim.train.config import FinetuneConfig, PretrainConfig
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig, prepare
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)

@@ -11,8 +11,9 @@ from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
-from ropim.train.config import FinetuneConfig, PretrainConfig
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 MODES = ("finetune", "probe")
 

@@ -19,8 +19,7 @@ from ropim.flows.config import DemoConfig
 from ropim.tracking import registry, store
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import frozen_scores
-from ropim.train.finetune import baseline, finetune
-from ropim.train.pretrain import pretrain
+from ropim.train.driver import JobResult, run
 from ropim.train.runtime import ray_session
 
 
@@ -34,20 +33,22 @@ def run_demo(cfg: DemoConfig) -> dict[str, object]:
 
 def _run(cfg: DemoConfig) -> dict[str, object]:
     start = time.perf_counter()
-    result = pretrain(cfg.pretrain)
-    ft_cfg = dataclasses.replace(cfg.finetune, encoder=result.encoder_uri)
-    encoder, enc_cfg = registry.load_encoder(result.encoder_uri)
+    result = run(cfg.pretrain)
+    ft_cfg = dataclasses.replace(cfg.finetune, encoder=result.model_uri)
+    encoder, enc_cfg = registry.load_encoder(result.model_uri)
     torch.manual_seed(cfg.finetune.seed)
     random_encoder = timm.create_model(enc_cfg["arch"], pretrained=False, **enc_cfg["timm_kwargs"])
     scores = {"ropim": frozen_scores(encoder, enc_cfg["img_size"], ft_cfg.data),
               "random": frozen_scores(random_encoder, enc_cfg["img_size"], ft_cfg.data)}
-    ropim_ft, random_ft = finetune(ft_cfg), finetune(baseline(ft_cfg))
-    scores["ropim"]["finetune_top1"], scores["random"]["finetune_top1"] = ropim_ft["top1"], random_ft["top1"]
+    ropim_ft, random_ft = run(ft_cfg), run(dataclasses.replace(ft_cfg, random_init=True))
+    scores["ropim"]["finetune_top1"] = ropim_ft.metrics["top1"]
+    scores["random"]["finetune_top1"] = random_ft.metrics["top1"]
     print_summary(cfg, result, scores, ropim_ft, random_ft, time.perf_counter() - start)
-    return {"encoder_uri": result.encoder_uri, "scores": scores, "finetune": ropim_ft, "random_init": random_ft}
+    return {"encoder_uri": result.model_uri, "scores": scores, "finetune": ropim_ft, "random_init": random_ft}
 
 
-def print_summary(cfg: DemoConfig, result, scores: dict, ropim_ft: dict, random_ft: dict, seconds: float) -> None:
+def print_summary(cfg: DemoConfig, result: JobResult, scores: dict, ropim_ft: JobResult, random_ft: JobResult,
+                  seconds: float) -> None:
     """The result table, the registered URIs, the pictures and checkpoints, and how to browse them."""
     uri = tracking_uri()
     gain = scores["ropim"]["finetune_top1"] - scores["random"]["finetune_top1"]
@@ -57,12 +58,12 @@ def print_summary(cfg: DemoConfig, result, scores: dict, ropim_ft: dict, random_
     for name, s in rows:
         print(f"{name:<26}{s['knn_top1']:>8.2f}{s['linear_top1']:>14.2f}{s['finetune_top1']:>11.2f}")
     print(f"fine-tune gain from pretraining: {gain:+.2f} points (same recipe, {cfg.finetune.epochs} epochs each)")
-    print(f"\nregistered encoder:    {result.encoder_uri}  (pretraining run {result.run_id})")
-    print(f"registered classifier: {ropim_ft.get('classifier_uri')}  (fine-tune run {ropim_ft['run_id']})")
+    print(f"\nregistered encoder:    {result.model_uri}  (pretraining run {result.run_id})")
+    print(f"registered classifier: {ropim_ft.model_uri}  (fine-tune run {ropim_ft.run_id})")
     print(f"checkpoints:           {result.checkpoint_path}")
     pictures = [("pretraining", *f) for f in store.artifact_files(result.run_id, "pictures", uri)]
-    pictures += [(kind, p, f) for kind, run in (("fine-tune", ropim_ft), ("random init", random_ft))
-                 for p, f in store.artifact_files(str(run["run_id"]), "", uri) if p.endswith(".png")]
+    pictures += [(kind, p, f) for kind, job in (("fine-tune", ropim_ft), ("random init", random_ft))
+                 for p, f in store.artifact_files(job.run_id, "", uri) if p.endswith(".png")]
     print("pictures (run: MLflow artifact path -> file):")
     for kind, path, local in pictures:
         print(f"  {kind}: {path}  ->  {local or '(remote artifact store)'}")

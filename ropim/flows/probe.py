@@ -31,7 +31,8 @@ from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.names import default_run_name
 from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.downstream import classifier_from, dataset_name, eval_split, log_results, run_tags, tag_version
+from ropim.train.downstream import classifier_from, eval_split, log_results, run_tags, tag_version
+from ropim.train.job import dataset_name
 from ropim.train.runtime import gpu_or_cpu
 
 log = logging.getLogger("ropim.probe")

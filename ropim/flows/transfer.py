@@ -19,10 +19,11 @@ from ropim.flows.probe import probe
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.downstream import dataset_name, eval_split
-from ropim.train.finetune import finetune
+from ropim.train.downstream import eval_split
+from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.job import dataset_name
 from ropim.train.runtime import ray_session
-from ropim.train.segment_job import segment
 
 
 def preflight(cfg: TransferConfig) -> None:
@@ -46,15 +47,21 @@ def encoder_label(run_id: str, encoder: str) -> str:
         else encoder
 
 
+def finetune_cell(cell: FinetuneConfig) -> dict:
+    """A fine-tune cell's final metrics and MLflow run id, as ``probe`` gives a probe cell's."""
+    result = run(cell)
+    return {**result.metrics, "run_id": result.run_id}
+
+
 def segment_rows(cfg: TransferConfig) -> list[dict]:
     """Every segmentation cell: mIoU and pixel accuracy on its val split."""
     rows = []
     for encoder, source, cell in cfg.segment_cells():
         t0 = time.perf_counter()
-        res = segment(cell)
-        rows.append({"encoder": encoder, "encoder_label": encoder_label(res["run_id"], encoder), "data": source,
-                     "dataset": dataset_name(cell.data), "task": "segment", "miou": res["miou"],
-                     "pixel_acc": res["pixel_acc"], "run_id": res["run_id"],
+        res = run(cell)
+        rows.append({"encoder": encoder, "encoder_label": encoder_label(res.run_id, encoder), "data": source,
+                     "dataset": dataset_name(cell.data), "task": "segment", "miou": res.metrics["miou"],
+                     "pixel_acc": res.metrics["pixel_acc"], "run_id": res.run_id,
                      "seconds": round(time.perf_counter() - t0, 1)})
     return rows
 
@@ -86,7 +93,7 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
     with ray_session(needed=bool(ray)):  # one for every cell
         for encoder, source, cell in cfg.cells():
             t0 = time.perf_counter()
-            res = finetune(cell) if cfg.mode == "finetune" else probe(cell)
+            res = finetune_cell(cell) if cfg.mode == "finetune" else probe(cell)
             label = encoder_label(res["run_id"], encoder)
             row = {"encoder": encoder, "encoder_label": label, "data": source, "dataset": dataset_name(cell.data),
                    "top1": res["top1"], "top5": res["top5"], "run_id": res["run_id"],

@@ -25,6 +25,7 @@ class EncoderRef:
     name: str | None
     version: str | None
     config: dict
+    depth: int  # blocks in its weights
 
     @property
     def label(self) -> str:
@@ -43,4 +44,9 @@ def resolve_encoder(model_uri: str, tracking: str | None = None) -> tuple[Encode
     if missing:
         raise ConfigError(f"encoder {model_uri}: config.json lacks {', '.join(sorted(missing))}; "
                           "is it a ropim encoder?")
-    return EncoderRef(model_uri, pinned, *(version or (None, None)), config), state
+    return EncoderRef(model_uri, pinned, *(version or (None, None)), config, encoder_depth(state)), state
+
+
+def encoder_depth(state: dict[str, torch.Tensor]) -> int:
+    """The number of blocks of an encoder state dict."""
+    return 1 + max((int(k.split(".")[1]) for k in state if k.startswith("blocks.")), default=-1)

@@ -55,3 +55,4 @@ def check_model_in_store(model_uri: str, kind: str, uri: str) -> None:
         what = "no such registered version"
     raise LookupError(f"{kind} {model_uri}: {what}: the tracking store {uri} does not exist yet; set "
                       "MLFLOW_TRACKING_URI to the store that holds it, or run from the folder whose mlflow.db does")
+

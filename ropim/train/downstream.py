@@ -1,5 +1,6 @@
-"""What fine-tune, probe and transfer share: checking an encoder against the data, naming the data, the classifier's
-registry config, logging per-class results to MLflow, and tagging the encoder version with its downstream score."""
+"""What the jobs and flows that start from an encoder share (fine-tune, graft, segment, probe, transfer): checking an
+encoder against the data, the classifier's registry config, logging per-class results to MLflow, the run's tags, and
+tagging the encoder version with its downstream score."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,8 +23,7 @@ from ropim.eval.knn import knn_top1
 from ropim.eval.metrics import per_class_accuracy
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
-from ropim.tracking.runs import open_run
-from ropim.train.runtime import WorkerFn, fit, run_dir
+from ropim.train.job import dataset_name
 from ropim.viz.confusion import confusion_png
 
 log = logging.getLogger("ropim.downstream")
@@ -38,13 +37,6 @@ def eval_split(ref: EncoderRef, data: DataConfig, img_size: int, split: str = "v
     if len(dataset) == 0:
         raise ConfigError(f"data source={data.source!r}: the split holds no images")
     return dataset
-
-
-def dataset_name(data: DataConfig) -> str:
-    """A short name of the data for tags and tables: 'digits', or the last part of a path / URI."""
-    name = getattr(data, "name", None) or data.source.rstrip("/").split("?")[0].rsplit("/", 1)[-1]
-    name = re.sub(r"\.(parquet|tar|zip)$", "", name)
-    return re.sub(r"[^A-Za-z0-9_\-]+", "_", name).strip("_") or "data"
 
 
 def classifier_from(config: dict, state: dict[str, torch.Tensor] | None, num_classes: int, img_size: int | None = None,
@@ -122,38 +114,3 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
 
         scores["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y)["top1"]
     return scores
-
-
-def train_downstream(cfg, ref: EncoderRef, tracking: str, worker_fn: WorkerFn, *, resumable: tuple[str, ...],
-                     config_artifact: str, metric: str, model_key: str, size: str,
-                     register: Callable[[str, Path], dict]) -> dict:
-    """A downstream job (fine-tune, segmentation) of a prepared ``cfg`` on the one loop: open (or continue) its
-    run, train, ``register(run_id, final checkpoint folder)`` once its last epoch is done; a finished run is reported,
-    a stopped one says how to continue. Returns the last metrics with 'run_id', 'run_name' and what ``register``
-    returns (``model_key``: the registered model's URI, also the run's tag ``ropim.<model_key>``)."""
-    with open_run(experiment=cfg.experiment, name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=resumable, tags=run_tags(ref, cfg.kind, cfg.data),
-                  config_artifact=config_artifact, uri=tracking,
-                  normalize=lambda stored: type(cfg).from_dict(stored).resolved().to_dict(),
-                  resume=f"the same command, with --run_name {cfg.run_name}") as run:
-        if run.finished:
-            metrics = store.client(tracking).get_run(run.run_id).data.metrics
-            print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {run.run_id}): {metric} "
-                  f"{metrics.get(metric, float('nan')):.2f}%", flush=True)
-            return {**metrics, "epoch": cfg.epochs, "run_id": run.run_id, "run_name": cfg.run_name,
-                    model_key: run.tags.get(f"ropim.{model_key}")}
-        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        source = f"random init, architecture of {ref.label}" if cfg.random_init else ref.label
-        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source} on {dataset_name(cfg.data)} at {size}, MLflow run "
-              f"{run.run_id}", flush=True)
-        result = fit(worker_fn, {"cfg": cfg.to_dict(), "run_id": run.run_id, "tracking_uri": tracking,
-                                 "run_dir": run_dir(cfg)}, cfg)
-        extra = {}
-        if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
-            with result.checkpoint_dir() as folder:
-                extra = register(run.run_id, folder)
-        else:
-            run.stop()
-            print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue by "
-                  f"re-running with --run_name {cfg.run_name}", flush=True)
-        return {**result.metrics, **extra, "run_id": run.run_id, "run_name": cfg.run_name}

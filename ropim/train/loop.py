@@ -1,10 +1,11 @@
 """The one training loop, for every job: pretraining and fine-tuning supply a ``Task`` (model, batches, batch →
 loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a ``Worker`` (Ray Train or in-process):
 
-    restore the latest checkpoint → for each epoch: seed (seed, epoch, rank) → optimizer steps of
-    ``accum_steps`` micro batches (autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly (power 1)
-    schedule per step, a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
-    rank 0's epoch hook → checkpoint when due → report.
+    restore the latest checkpoint → agree on the steps per epoch (the fewest any worker's data lists) → for each
+    epoch: seed (seed, epoch, rank) → optimizer steps of ``accum_steps`` micro batches, fetched first, while every
+    worker has them (the task's ``before_step``, autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly
+    (power 1) schedule per step, a progress line every ``log_every`` steps) → epoch stats over all workers →
+    evaluation when due → rank 0's epoch hook → checkpoint when due → report.
 
 Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
@@ -25,21 +26,22 @@ import resource
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
-from ropim.train.checkpoint import Candidates, restore, save_checkpoint
-from ropim.train.config import LoopConfig
+from ropim.train.checkpoint import restore, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
-from ropim.train.speed import resolve_precision, tf32_matmuls
+from ropim.train.job import LoopConfig
+from ropim.train.speed import autocast_dtype, grad_scaler, resolve_precision, tf32_matmuls
+from ropim.train.task import Task, Worker
 
 log = logging.getLogger("ropim.train")
+END = object()  # what ``next(batches, END)`` gives once an epoch's batches run out
 
 
 def worker_seed(seed: int, counter: int, rank: int) -> int:
@@ -54,84 +56,11 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of ``precision`` (None for fp32)."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-
-def grad_scaler(precision: str) -> torch.amp.GradScaler | None:
-    """A CUDA grad scaler for fp16, else None."""
-    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
-
-
 def peak_memory_mb(device: torch.device) -> float:
     """Peak allocated GPU memory, or this process's peak resident memory on CPU, in MiB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-class Worker(Protocol):
-    """Where the loop runs: one Ray Train worker, or this process (``ropim.train.runtime``)."""
-
-    rank: int
-    world: int
-    device: torch.device
-
-    def restorable(self) -> Candidates:
-        """The run's complete checkpoints, newest first: (name, a context giving it as a local folder)."""
-
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
-
-    def gather(self, values: torch.Tensor) -> torch.Tensor: ...
-
-    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
-        """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted; with
-        ``background``, persisted while training goes on where the worker can."""
-
-
-@dataclass
-class EpochData:
-    """A worker's batches: ``batches(epoch)`` yields the micro batches of ``steps`` optimizer steps."""
-
-    batches: Callable[[int], Iterator]
-    steps: int
-    # extra per-epoch statistics: name -> (read this worker's value, "sum" or "max" over workers)
-    stats: dict[str, tuple[Callable[[], float], str]] = field(default_factory=dict)
-
-
-class Task(Protocol):
-    """What a job supplies to the loop."""
-
-    loss_name: str  # the epoch's mean-loss metric: "loss" (pretraining) or "train_loss" (fine-tuning)
-    config: dict  # the job's config, stored in every checkpoint as config.json
-    run_dir: str  # the run's folder (local path or URI): where a stop is recorded (``ropim.train.guard``)
-
-    def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        """The model on ``worker.device`` (identical on every rank) and its optimizer."""
-
-    def data(self, worker: Worker, micro_batch: int) -> EpochData:
-        """This worker's share of the training data in micro batches of ``micro_batch``."""
-
-    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
-        """(mean loss, images) of one micro batch at optimizer step ``step``; ``model`` may be DDP-wrapped."""
-
-    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
-        """Metrics of epoch ``epoch`` (1-based) when due; called on every rank. Unless ``final`` (the job's last
-        epoch), a task may start the evaluation in the background and return {} (``evaluations`` collects it)."""
-
-    def evaluations(self, wait: bool) -> list[dict]:
-        """Background evaluations finished so far (``wait``: all, waiting), as ``{"epoch": e, **metrics}``."""
-
-    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
-        """Rank 0, after each epoch: the progress line, pictures."""
-
-    def record(self, epochs: list[dict]) -> None:
-        """Rank 0: store the metrics of ``epochs`` (MLflow), once the checkpoint that holds them is reported — so
-        an epoch retrained after a crash is recorded once."""
-
-    def checkpoint_extra(self) -> dict:
-        """JSON-able extras stored in the checkpoint's metrics.json (e.g. the last confusion matrix)."""
 
 
 @dataclass
@@ -170,7 +99,8 @@ class Loop:
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)
         self.data = task.data(worker, cfg.global_batch_size // (worker.world * cfg.accum_steps))
-        self.steps = cfg.steps_per_epoch(self.data.steps)
+        listed = worker.gather(torch.tensor([self.data.steps], dtype=torch.float64))  # every worker's count
+        self.steps = cfg.steps_per_epoch(int(listed.min()))  # the same on every worker: so are the schedule and ETA
         if self.steps < 1:
             raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
         self.total_steps = cfg.epochs * self.steps
@@ -180,6 +110,7 @@ class Loop:
                                   t_in_epochs=False, **shape)  # timm's, stepped per optimizer step
         self.scheduler.step_update(self.step)
         self.amp_dtype = autocast_dtype(self.precision)
+        task.total_steps, task.amp_dtype = self.total_steps, self.amp_dtype  # what the task may plan by
         self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, self.precision)
 
     @property
@@ -187,36 +118,54 @@ class Loop:
         return max(g["lr"] for g in self.optimizer.param_groups)
 
     def train_epoch(self, epoch: int) -> EpochTally:
-        """``self.steps`` optimizer steps, each over ``accum_steps`` micro batches."""
+        """Up to ``self.steps`` optimizer steps, each over ``accum_steps`` micro batches; every worker ends the epoch
+        at the first step some worker lacks the data for (``next_step``)."""
         cfg, worker, device = self.cfg, self.worker, self.worker.device
         tally, t0 = EpochTally(torch.zeros((), device=device)), time.perf_counter()
         batches = self.data.batches(epoch)
-        try:
-            for _ in range(self.steps):
-                for micro in range(cfg.accum_steps):
-                    t_wait = time.perf_counter()
-                    batch = next(batches)
-                    tally.wait_s += time.perf_counter() - t_wait
-                    sync = micro + 1 == cfg.accum_steps or worker.world == 1
-                    no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()
-                    with no_sync, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                        loss, n = self.task.loss(self.ddp_model, batch, self.step)
-                        scaled = loss / cfg.accum_steps
-                        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                    tally.loss_sum += loss.detach().float() / cfg.accum_steps
-                    tally.images += n
-                self.guard.step(self.optimizer, self.scaler, self.model.parameters,
-                                lambda norm, loss=loss: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm "
-                                                        f"{norm:.4g}, loss {loss.item():.4g} at lr {self.lr:.3g}")
-                self.step += 1
-                tally.steps += 1
-                self.scheduler.step_update(self.step)
-                if worker.rank == 0 and self.step % cfg.log_every == 0:  # the task's epoch line ends an epoch
-                    self.progress(epoch, loss, tally, t0)
-        except StopIteration:  # ray_data: skipped bad images left fewer (equal-split) batches than listed
-            pass
+        for _ in range(self.steps):
+            micro = self.next_step(batches, tally, epoch)
+            if micro is None:
+                break
+            self.task.before_step(self.step)
+            for i, batch in enumerate(micro):
+                sync = i + 1 == cfg.accum_steps or worker.world == 1
+                no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()
+                with no_sync, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    loss, n = self.task.loss(self.ddp_model, batch, self.step)
+                    scaled = loss / cfg.accum_steps
+                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                tally.loss_sum += loss.detach().float() / cfg.accum_steps
+                tally.images += n
+            self.guard.step(self.optimizer, self.scaler, self.model.parameters,
+                            lambda norm, loss=loss: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm "
+                                                    f"{norm:.4g}, loss {loss.item():.4g} at lr {self.lr:.3g}")
+            self.step += 1
+            tally.steps += 1
+            self.scheduler.step_update(self.step)
+            if worker.rank == 0 and self.step % cfg.log_every == 0:  # the task's epoch line ends an epoch
+                self.progress(epoch, loss, tally, t0)
         tally.time_s = time.perf_counter() - t0
         return tally
+
+    def next_step(self, batches: Iterator, tally: EpochTally, epoch: int) -> list | None:
+        """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's
+        data ends before them (Ray Data's equal split can leave a worker fewer batches, e.g. after skipped bad
+        images). Fetched before any is computed, so an unfinished step leaves no gradient behind, and no worker
+        waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped with a log line."""
+        k, t_wait = self.cfg.accum_steps, time.perf_counter()
+        micro = []
+        while len(micro) < k and (batch := next(batches, END)) is not END:
+            micro.append(batch)
+        tally.wait_s += time.perf_counter() - t_wait
+        counts = [int(c) for c in self.worker.gather(torch.tensor([len(micro)], dtype=torch.float64))[:, 0]]
+        if min(counts) == k:
+            return micro
+        if self.worker.rank == 0 and max(counts) > 0:
+            log.info(f"[{self.cfg.kind}] epoch {epoch + 1}: the data ended inside step {self.step + 1} (micro batches "
+                     f"per worker {counts}, accum_steps {k}): that step is dropped on every worker, no gradient "
+                     f"applied; the epoch ends after {tally.steps} of {self.steps} steps")
+        return None
 
     def progress(self, epoch: int, loss: torch.Tensor, tally: EpochTally, t0: float) -> None:
         rate = tally.images * self.worker.world / (time.perf_counter() - t0)

@@ -20,9 +20,10 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note
-from ropim.train.config import FinetuneConfig, PretrainConfig
+from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
+from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
@@ -165,7 +166,7 @@ class FitResult:
                 yield Path(d)
 
 
-def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, *,
+def torch_trainer(fn: WorkerFn, loop_config: dict, job: JobConfig, *,
                   callbacks: list | None = None, datasets: dict | None = None, storage_path: str | None = None):
     """The TorchTrainer of a job: ``job.num_workers`` workers (elastic down to ``job.min_workers``) placed by
     ``job.placement_strategy``, a run named ``job.run_name`` under its storage path (re-running the name resumes from
@@ -192,26 +193,26 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: PretrainConfig | Finetun
     )
 
 
-def worker_count(job: PretrainConfig | FinetuneConfig) -> int | tuple[int, int]:
+def worker_count(job: JobConfig) -> int | tuple[int, int]:
     """``num_workers``, or Ray Train's elastic ``(min_workers, num_workers)`` when ``min_workers`` is lower."""
     if job.min_workers is not None and job.min_workers < job.num_workers:
         return job.min_workers, job.num_workers
     return job.num_workers
 
 
-def worker_paths(job: PretrainConfig | FinetuneConfig) -> dict[str, str]:
+def worker_paths(job: JobConfig) -> dict[str, str]:
     """The paths a job's workers open: {flag: path}."""
     return {"data.source": job.data.source, "storage_path": job.storage_path,
-            **({"encoder": job.encoder} if isinstance(job, FinetuneConfig) else {})}
+            **({"encoder": job.encoder} if isinstance(job, EncoderJob) else {})}
 
 
-def run_dir(job: PretrainConfig | FinetuneConfig, storage_path: str | None = None) -> str:
+def run_dir(job: JobConfig, storage_path: str | None = None) -> str:
     """The run's folder (a URI, or an absolute local path: workers may run in another folder)."""
     storage = storage_path or job.storage_path
     return f"{storage if '://' in storage else Path(storage).absolute()}/{job.run_name}"
 
 
-def fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, **trainer_kwargs) -> FitResult:
+def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> FitResult:
     """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0; raise ``Diverged`` when
     the loop stopped on a non-finite loss (``ropim.train.guard``)."""
     folder = loop_config["run_dir"]
@@ -223,7 +224,7 @@ def fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, *
     return result
 
 
-def run_fit(fn: WorkerFn, loop_config: dict, job: PretrainConfig | FinetuneConfig, **trainer_kwargs) -> FitResult:
+def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> FitResult:
     """``fit`` without the divergence check."""
     if job.num_workers == 0:
         gpu_or_cpu(job.use_gpu)

@@ -1,5 +1,5 @@
 """How a training step runs fast on a GPU without changing what it computes: the speed options of ``SpeedOptions``
-(``ropim.train.speed_options``) as the loop and the tasks apply them. ``bench/gpu_step.py`` measures each one."""
+(``ropim.train.job.JobConfig``) as the loop and the tasks apply them. ``bench/gpu_step.py`` measures each one."""
 
 from __future__ import annotations
 
@@ -63,3 +63,13 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision != "auto":
         return precision
     return "bf16" if device.type == "cpu" and cpu_features()["native_bf16"] else "fp32"
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` (None for fp32)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def grad_scaler(precision: str) -> torch.amp.GradScaler | None:
+    """A CUDA grad scaler for fp16, else None."""
+    return torch.amp.GradScaler("cuda") if precision == "fp16" else None

@@ -35,7 +35,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers canno
 def watched(folder: str, config: dict, worker) -> None:
     """A pretraining worker that notes every optimizer step (time, pid, rank, node, step) in ``folder``/steps.txt
     and, until ``folder``/removed exists, waits before step ``PAUSE_AT`` (having noted its node in paused-<rank>)."""
-    from ropim.train import pretrain as module
+    from ropim.train.driver import worker_main
+    from ropim.train.pretrain import task as module
 
     node = ray.get_runtime_context().get_node_id()
     original = module.sketch_generator
@@ -50,7 +51,7 @@ def watched(folder: str, config: dict, worker) -> None:
         return original(seed, step, rank, device)
 
     module.sketch_generator = generator
-    module.worker_main(config, worker)
+    worker_main(config, worker)
 
 
 @dataclasses.dataclass
@@ -110,13 +111,13 @@ def data_task_nodes() -> Counter:
 def lose_a_node(cfg, ray_cluster, folder: Path, pick) -> Loss:
     """Train ``cfg`` in a thread; when both workers wait at ``PAUSE_AT``, remove the node ``pick(nodes)`` names
     (from the main thread: Ray's node handling needs it), let the workers go on, wait for the job to end."""
-    from ropim.train.pretrain import pretrain
+    from ropim.train.driver import run
 
     out: dict = {}
 
     def job():
         try:
-            out["result"] = pretrain(cfg, worker_fn=functools.partial(watched, str(folder)))
+            out["result"] = run(cfg, worker_fn=functools.partial(watched, str(folder)))
         except BaseException as err:  # noqa: BLE001 — reported by the test
             out["error"] = err
 
@@ -158,7 +159,7 @@ def check_run(loss: Loss, cfg, name: str, mlflow_server, s3_server, ray_cluster,
     assert run.info.status == "FINISHED"
     assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "loss")) == [1, 2, 3]  # each epoch once
     versions = c.search_model_versions(f"run_id='{run.info.run_id}'")
-    assert len(versions) == 1 and loss.result.encoder_uri.endswith(f"/{versions[0].version}")
+    assert len(versions) == 1 and loss.result.model_uri.endswith(f"/{versions[0].version}")
 
     keys = [k for k in s3_server.keys(f"runs/{name}/") if not k.endswith("/")]
     checkpoints = sorted({k.split("/")[2] for k in keys if k.count("/") > 2 and "checkpoint_" in k.split("/")[2]})

@@ -159,7 +159,7 @@ def test_no_weight_decay_on_pos_cls_and_mask_token(corruption):
 
 
 def test_switching_corruption_changes_nothing_else_in_the_run_config():
-    from ropim.train.config import PretrainConfig
+    from ropim.train.pretrain.config import PretrainConfig
 
     base = PretrainConfig()
     dicts = {}

@@ -185,7 +185,8 @@ def test_entrypoint_configs_validate(monkeypatch):
     with the built-in digits for the data source: S3 cannot be reached offline."""
     from ropim.cli import job_parser
     from ropim.commands import config
-    from ropim.train.config import FinetuneConfig, PretrainConfig
+    from ropim.train.finetune.config import FinetuneConfig
+    from ropim.train.pretrain.config import PretrainConfig
     from tune.sweep import config_from_args
 
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # as under `ray job submit`: the workers run on the cluster

@@ -16,7 +16,7 @@ from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe
 from ropim.flows.transfer import transfer
 from ropim.tracking import store
-from ropim.train.segment_config import SegmentConfig
+from ropim.train.segment.config import SegmentConfig
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import threading
 from support import tiny_pretrain
 
 from ropim.tracking import store
-from ropim.train import pretrain as module
+from ropim.train.driver import run
+from ropim.train.pretrain import task as module
 
 
 def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
@@ -35,12 +36,12 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
     monkeypatch.setattr(store, "log_epochs", logging)
     monkeypatch.setattr(module, "frozen_scores", slow_scores)
     cfg = tiny_pretrain(run_name="background-eval", num_workers=0, epochs=4, max_steps_per_epoch=2, eval_every=2)
-    result = module.pretrain(cfg)
+    result = run(cfg)
 
     assert calls[0] == {"thread": "ropim-eval_0", "saw_epoch_3": True}  # training went on past epoch 3
     assert calls[1]["thread"] == threading.current_thread().name  # the final epoch: inline, in the loop
     assert result.metrics["epoch"] == 4 and result.metrics["knn_top1"] == 20.0  # in the last report (Tune's)
-    assert result.encoder_uri is not None
+    assert result.model_uri is not None
     c = store.client()
     knn = sorted(c.get_metric_history(result.run_id, "knn_top1"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in knn] == [(2, 10.0), (4, 20.0)]  # each at its own epoch, once

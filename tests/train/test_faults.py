@@ -19,9 +19,8 @@ from ropim.data.config import DataConfig
 from ropim.data.decode import BadImageError
 from ropim.errors import ConfigError
 from ropim.tracking import store
-from ropim.train.finetune import finetune
+from ropim.train.driver import run
 from ropim.train.guard import Diverged
-from ropim.train.pretrain import pretrain
 
 KILLED = dict(num_workers=0, epochs=3, max_steps_per_epoch=4)
 # a pretraining job that stops to wait (holding its run) at optimizer step 6, mid epoch 2, until it is killed
@@ -30,7 +29,8 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from support import tiny_pretrain
-from ropim.train import pretrain as module
+from ropim.train.pretrain import task as module
+from ropim.train.driver import run, worker_main
 
 def pausing(config, worker):
     original = module.sketch_generator
@@ -42,9 +42,9 @@ def pausing(config, worker):
         return original(seed, step, rank, device)
 
     module.sketch_generator = generator
-    module.worker_main(config, worker)
+    worker_main(config, worker)
 
-module.pretrain(tiny_pretrain(run_name="killed", num_workers=0, epochs=3, max_steps_per_epoch=4), worker_fn=pausing)
+run(tiny_pretrain(run_name="killed", num_workers=0, epochs=3, max_steps_per_epoch=4), worker_fn=pausing)
 """
 
 
@@ -57,7 +57,7 @@ def lr_and_loss(run_id: str) -> tuple[list, list]:
 def test_diverging_loss_stops_the_run_failed_and_registers_nothing(workdir):
     cfg = tiny_pretrain(run_name="nan", base_lr=1e6, num_workers=0, epochs=2)
     with pytest.raises(Diverged, match=r"step 4 \(epoch 2\): gradient norm (nan|inf), loss .* at lr .*lower base_lr"):
-        pretrain(cfg)
+        run(cfg)
     c = store.client()
     run_id = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
                   if r.info.run_name == "nan").info.run_id
@@ -68,13 +68,13 @@ def test_diverging_loss_stops_the_run_failed_and_registers_nothing(workdir):
 
     enc = str(encoder_folder(workdir / "enc"))
     with pytest.raises(Diverged, match="lower base_lr"):
-        finetune(tiny_finetune(enc, num_workers=0, base_lr=1e6, run_name="ft-nan"))
+        run(tiny_finetune(enc, num_workers=0, base_lr=1e6, run_name="ft-nan"))
     assert not c.search_model_versions("name='ropim-classifier'")
 
 
 @pytest.mark.faults
 def test_run_in_use_is_refused_and_sigkilled_job_resumes_exactly(workdir, tmp_path):
-    straight = pretrain(tiny_pretrain(run_name="reference", **KILLED))
+    straight = run(tiny_pretrain(run_name="reference", **KILLED))
     marker = tmp_path / "paused"
     job = subprocess.Popen([sys.executable, "-c", PAUSED_JOB, str(marker), str(Path(__file__).parents[1])],
                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -91,8 +91,8 @@ def test_run_in_use_is_refused_and_sigkilled_job_resumes_exactly(workdir, tmp_pa
         job.wait()
     assert sorted(p.name for p in Path("ray_results/killed/in_process").glob("checkpoint_*")) == ["checkpoint_000001"]
 
-    resumed = pretrain(tiny_pretrain(run_name="killed", **KILLED))  # the same job again: takes over the stale lock
-    assert resumed.metrics["step"] == straight.metrics["step"] == 12 and resumed.encoder_uri is not None
+    resumed = run(tiny_pretrain(run_name="killed", **KILLED))  # the same job again: takes over the stale lock
+    assert resumed.metrics["step"] == straight.metrics["step"] == 12 and resumed.model_uri is not None
     lr, loss = lr_and_loss(resumed.run_id)
     assert lr == lr_and_loss(straight.run_id)[0]  # the schedule continued where the killed job stopped
     assert [s for s, _ in loss] == [1, 2, 3]  # epoch 2, retrained after the kill, is recorded once
@@ -141,22 +141,22 @@ def test_sigterm_ends_the_run_killed_registers_nothing_and_the_same_command_resu
 
 def test_a_checkpoint_that_cannot_be_loaded_falls_back_to_the_previous_one(workdir, caplog):
     cfg = tiny_pretrain(run_name="torn", num_workers=0, epochs=3)
-    pretrain(dataclasses.replace(cfg, stop_after_epochs=2))
+    run(dataclasses.replace(cfg, stop_after_epochs=2))
     folder = workdir / "ray_results" / "torn" / "in_process"
     weights = folder / "checkpoint_000002" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # the disk lost its tail
     with caplog.at_level("INFO", logger="ropim.train"):
-        result = pretrain(cfg)
-    assert result.metrics["epoch"] == 3 and result.encoder_uri is not None
+        result = run(cfg)
+    assert result.metrics["epoch"] == 3 and result.model_uri is not None
     said = [r.getMessage() for r in caplog.records if "resumed from" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("[pretrain] resumed from epoch 1, step 3 (")
     assert "checkpoint_000002 (" in said[0] and "the previous complete checkpoint is used" in said[0]
 
     gone = dataclasses.replace(cfg, run_name="gone", stop_after_epochs=1)
-    pretrain(gone)
+    run(gone)
     (workdir / "ray_results" / "gone" / "in_process" / "checkpoint_000001" / "train_state.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match="no checkpoint of this run can be loaded: .*gone/in_process/checkpoint_0+1 "):
-        pretrain(gone)  # none left that loads: one clear error, nothing trained
+        run(gone)  # none left that loads: one clear error, nothing trained
 
 
 def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdir, ray_session):
@@ -181,12 +181,12 @@ def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdi
     cfg = tiny_pretrain(run_name="undecodable", num_workers=2, epochs=1, max_steps_per_epoch=None, max_failures=0,
                         global_batch_size=8, data=DataConfig(source="bytes", on_bad_image="fail", val_fraction=0.01))
     with pytest.raises(BadImageError) as raised:
-        pretrain(cfg)
+        run(cfg)
     message = str(raised.value)
     named = re.match(r"img(\d+)\.png: cannot decode image", message)
     assert "\n" not in message and named and int(named[1]) % 4 == 0, message
     assert "data.on_bad_image=skip" in message
     c = store.client()
-    run = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
-               if r.info.run_name == "undecodable")
-    assert run.info.status == "FAILED" and not c.search_model_versions(f"run_id='{run.info.run_id}'")
+    failed = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
+                  if r.info.run_name == "undecodable")
+    assert failed.info.status == "FAILED" and not c.search_model_versions(f"run_id='{failed.info.run_id}'")

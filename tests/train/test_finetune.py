@@ -25,9 +25,9 @@ from ropim.errors import ConfigError
 from ropim.flows.config import ProbeConfig
 from ropim.flows.probe import probe
 from ropim.tracking import store
-from ropim.train.config import FinetuneConfig
 from ropim.train.downstream import classifier_from
-from ropim.train.finetune import finetune
+from ropim.train.driver import run
+from ropim.train.finetune.config import FinetuneConfig
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_wrong_uri_missing_alias_and_channel_mismatch_are_one_clear_error(workdi
     ]
     for uri, err, message in cases:
         with pytest.raises(err, match=message.replace("(", r"\(").replace(")", r"\)")):
-            finetune(FinetuneConfig(encoder=uri, num_workers=2, **TINY_FINETUNE))
+            run(FinetuneConfig(encoder=uri, num_workers=2, **TINY_FINETUNE))
     with pytest.raises(ConfigError, match="expects 1-channel"):
         probe(ProbeConfig(encoder=str(gray)))
     assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == before  # nothing started

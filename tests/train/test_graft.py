@@ -17,11 +17,12 @@ from ropim.core.config import ModelConfig
 from ropim.core.contrastive import momentum_at
 from ropim.data.config import DataConfig
 from ropim.tracking import catalog, registry, store
-from ropim.train.config import PretrainConfig
-from ropim.train.graft import GraftTask, graft
-from ropim.train.graft_config import GraftConfig
+from ropim.train.driver import run
+from ropim.train.graft.config import GraftConfig
+from ropim.train.graft.task import GraftTask
 from ropim.train.inprocess import LocalWorker
 from ropim.train.loop import Loop
+from ropim.train.pretrain.config import PretrainConfig
 
 MODEL = ModelConfig(img_size=32, patch_size=8, depth=3)  # 16 tokens, 3 blocks: a split with blocks on either side
 
@@ -82,10 +83,10 @@ def test_momentum_moves_once_per_optimizer_step_under_accumulation(first_stage, 
 def test_interrupted_graft_resumes_the_momentum_schedule_exactly(first_stage, workdir):
     enc = str(first_stage[2])
     short = dict(max_steps_per_epoch=1, registered_model="")  # 2 epochs of 1 step
-    whole = graft(tiny_graft(enc, run_name="whole", **short))
-    cut = graft(tiny_graft(enc, run_name="cut", stop_after_epochs=1, **short))
-    assert cut.encoder_uri is None and cut.metrics["epoch"] == 1
-    resumed = graft(tiny_graft(enc, run_name="cut", **short))
+    whole = run(tiny_graft(enc, run_name="whole", **short))
+    cut = run(tiny_graft(enc, run_name="cut", stop_after_epochs=1, **short))
+    assert cut.model_uri is None and cut.metrics["epoch"] == 1
+    resumed = run(tiny_graft(enc, run_name="cut", **short))
     assert resumed.metrics["step"] == whole.metrics["step"] == 2
     a = load_file(str(Path(whole.checkpoint_path) / "model.safetensors"))
     b = load_file(str(Path(resumed.checkpoint_path) / "model.safetensors"))
@@ -100,22 +101,22 @@ def test_interrupted_graft_resumes_the_momentum_schedule_exactly(first_stage, wo
 
 def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     uri, first_run, folder = first_stage
-    result = graft(tiny_graft(uri, run_name="lgp"))
-    name, version = result.encoder_uri.removeprefix("models:/").split("/")
+    result = run(tiny_graft(uri, run_name="lgp"))
+    name, version = result.model_uri.removeprefix("models:/").split("/")
     mv = store.client().get_model_version(name, version)
     assert mv.tags["stage"] == "lgp" and mv.tags["source_encoder"] == uri and mv.tags["source_run"] == first_run
     assert f"- first stage: {uri} (run {first_run})" in mv.description
-    shown = catalog.show(result.encoder_uri)
+    shown = catalog.show(result.model_uri)
     assert f"- lgp run: {result.run_id}" in shown and f"- first stage: {uri} (run {first_run})" in shown
     assert "lgp" in catalog.list_versions(name)
-    encoder, config = registry.load_encoder(result.encoder_uri)  # loadable like any encoder: a plain timm model
+    encoder, config = registry.load_encoder(result.model_uri)  # loadable like any encoder: a plain timm model
     before = load_file(str(folder / "encoder.safetensors"))
     after = encoder.state_dict()
     assert type(encoder).__name__ == "VisionTransformer" and config["lower_blocks"] == 2
     assert (after["patch_embed.proj.weight"] == before["patch_embed.proj.weight"]).all()  # frozen
     assert not (after["blocks.2.attn.qkv.weight"] == before["blocks.2.attn.qkv.weight"]).all()  # trained
-    again = graft(tiny_graft(uri, run_name="lgp"))  # a finished graft is reported, not registered again
-    assert again.encoder_uri == result.encoder_uri
+    again = run(tiny_graft(uri, run_name="lgp"))  # a finished graft is reported, not registered again
+    assert again.model_uri == result.model_uri
     assert len(store.client().search_model_versions(f"name='{name}'")) == int(version)
 
 

@@ -13,8 +13,8 @@ from support import encoder_folder, tiny_finetune, tiny_pretrain
 
 from ropim.tracking import store
 from ropim.train import loop
-from ropim.train.finetune import finetune
-from ropim.train.pretrain import pretrain, resume_config
+from ropim.train.driver import run
+from ropim.train.jobs import JOBS, resume_config
 from ropim.train.runtime import LocalWorker
 
 LOCAL = dict(num_workers=0, epochs=3, max_steps_per_epoch=2)
@@ -27,17 +27,17 @@ def history(run_id: str, key: str) -> list[tuple[int, float]]:
 @pytest.fixture(scope="module")
 def straight(workdir):
     """An uninterrupted in-process pretraining: the reference for the others."""
-    return pretrain(tiny_pretrain(run_name="straight", **LOCAL))
+    return run(tiny_pretrain(run_name="straight", **LOCAL))
 
 
 def test_pretraining_stopped_and_resumed_matches_uninterrupted(straight):
     cfg = tiny_pretrain(run_name="stop-resume", stop_after_epochs=1, **LOCAL)
-    first = pretrain(cfg)
-    assert first.encoder_uri is None and first.metrics["epoch"] == 1 and first.metrics["step"] == 2
+    first = run(cfg)
+    assert first.model_uri is None and first.metrics["epoch"] == 1 and first.metrics["step"] == 2
     assert store.client().get_run(first.run_id).info.status == "KILLED"
 
-    resumed = pretrain(resume_config("stop-resume", cfg.storage_path, num_workers=0))
-    assert resumed.run_id == first.run_id and resumed.encoder_uri is not None  # the same MLflow run continues
+    resumed = run(resume_config(JOBS["pretrain"], "stop-resume", cfg.storage_path, num_workers=0))
+    assert resumed.run_id == first.run_id and resumed.model_uri is not None  # the same MLflow run continues
     assert resumed.metrics["step"] == straight.metrics["step"] == 6
     assert history(resumed.run_id, "lr") == history(straight.run_id, "lr")
     assert [s for s, _ in history(resumed.run_id, "loss")] == [1, 2, 3]  # no epoch logged twice
@@ -46,8 +46,9 @@ def test_pretraining_stopped_and_resumed_matches_uninterrupted(straight):
     assert store.client().get_run(resumed.run_id).info.status == "FINISHED"
 
     versions = store.client().search_model_versions("name='ropim-encoder'")
-    again = pretrain(resume_config("stop-resume", cfg.storage_path, num_workers=0))  # finished: reported only
-    assert again.encoder_uri == resumed.encoder_uri and again.run_id == resumed.run_id
+    # finished: reported only
+    again = run(resume_config(JOBS["pretrain"], "stop-resume", cfg.storage_path, num_workers=0))
+    assert again.model_uri == resumed.model_uri and again.run_id == resumed.run_id
     assert len(store.client().search_model_versions("name='ropim-encoder'")) == len(versions)
 
 
@@ -72,13 +73,13 @@ def test_half_written_checkpoint_is_never_the_latest(workdir, straight, monkeypa
     monkeypatch.setattr(loop, "save_checkpoint", broken_second_save)
     cfg = tiny_pretrain(run_name="half-written", **LOCAL)
     with pytest.raises(RuntimeError, match="killed while writing"):
-        pretrain(cfg)
+        run(cfg)
     worker = LocalWorker(Path("ray_results/half-written/in_process").absolute(), 2)
     assert [p.name for p in worker.checkpoints()] == ["checkpoint_000001"]
     assert store.client().get_run(history_run("half-written")).info.status == "FAILED"
     monkeypatch.setattr(loop, "save_checkpoint", save)
-    result = pretrain(cfg)  # the same command again continues from epoch 1's checkpoint
-    assert result.metrics["step"] == straight.metrics["step"] and result.encoder_uri is not None
+    result = run(cfg)  # the same command again continues from epoch 1's checkpoint
+    assert result.metrics["step"] == straight.metrics["step"] and result.model_uri is not None
     assert history(result.run_id, "lr") == history(straight.run_id, "lr")
 
 
@@ -87,26 +88,28 @@ def history_run(name: str) -> str:
 
 
 def test_gradient_accumulation_keeps_steps_and_images(workdir):
-    result = pretrain(tiny_pretrain(run_name="accum", accum_steps=2, num_workers=0, epochs=1, max_steps_per_epoch=2))
+    result = run(tiny_pretrain(run_name="accum", accum_steps=2, num_workers=0, epochs=1, max_steps_per_epoch=2))
     assert result.metrics["step"] == 2 and result.metrics["epoch"] == 1  # 2 optimizer steps of 2 micro batches
 
 
 def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir):
     enc = str(encoder_folder(workdir / "enc"))
     cfg = tiny_finetune(enc, num_workers=0, registered_model="")
-    straight = finetune(dataclasses.replace(cfg, run_name="ft-straight"))
-    first = finetune(dataclasses.replace(cfg, run_name="ft-resume", stop_after_epochs=1))
+    straight = run(dataclasses.replace(cfg, run_name="ft-straight"))
+    first = run(dataclasses.replace(cfg, run_name="ft-resume", stop_after_epochs=1))
     c = store.client()
-    assert first["epoch"] == 1 and first["step"] == 2 and c.get_run(first["run_id"]).info.status == "KILLED"
-    resumed = finetune(dataclasses.replace(cfg, run_name="ft-resume"))
-    assert resumed["run_id"] == first["run_id"] and resumed["epoch"] == 2 and resumed["step"] == 4
-    assert c.get_run(resumed["run_id"]).info.status == "FINISHED"
-    assert resumed["top1"] == pytest.approx(straight["top1"]) and resumed["top5"] == pytest.approx(straight["top5"])
-    assert resumed["train_loss"] == pytest.approx(straight["train_loss"], rel=1e-5)
-    assert resumed["classifier_uri"] is None  # registered_model="" keeps the registry clean
-    again = finetune(dataclasses.replace(cfg, run_name="ft-resume"))  # finished: reported, not re-trained
-    assert again["run_id"] == resumed["run_id"] and again["top1"] == pytest.approx(resumed["top1"])
-    assert [m.step for m in c.get_metric_history(resumed["run_id"], "top1")] == [1, 2]
-    assert [m.step for m in c.get_metric_history(resumed["run_id"], "train_loss")] == [1, 2]
+    assert first.metrics["epoch"] == 1 and first.metrics["step"] == 2
+    assert c.get_run(first.run_id).info.status == "KILLED"
+    resumed = run(dataclasses.replace(cfg, run_name="ft-resume"))
+    assert resumed.run_id == first.run_id and resumed.metrics["epoch"] == 2 and resumed.metrics["step"] == 4
+    assert c.get_run(resumed.run_id).info.status == "FINISHED"
+    assert resumed.metrics["top1"] == pytest.approx(straight.metrics["top1"])
+    assert resumed.metrics["top5"] == pytest.approx(straight.metrics["top5"])
+    assert resumed.metrics["train_loss"] == pytest.approx(straight.metrics["train_loss"], rel=1e-5)
+    assert resumed.model_uri is None  # registered_model="" keeps the registry clean
+    again = run(dataclasses.replace(cfg, run_name="ft-resume"))  # finished: reported, not re-trained
+    assert again.run_id == resumed.run_id and again.metrics["top1"] == pytest.approx(resumed.metrics["top1"])
+    assert [m.step for m in c.get_metric_history(resumed.run_id, "top1")] == [1, 2]
+    assert [m.step for m in c.get_metric_history(resumed.run_id, "train_loss")] == [1, 2]
     with pytest.raises(Exception, match="already exists .* different config .*base_lr"):
-        finetune(dataclasses.replace(cfg, run_name="ft-resume", base_lr=0.5))
+        run(dataclasses.replace(cfg, run_name="ft-resume", base_lr=0.5))

@@ -20,9 +20,9 @@ from support import tiny_finetune, tiny_pretrain
 from ropim.core.config import ModelConfig
 from ropim.core.model import create_encoder
 from ropim.tracking import registry, store
-from ropim.train.config import PretrainConfig
-from ropim.train.finetune import finetune
-from ropim.train.pretrain import encoder_config, pretrain
+from ropim.train.driver import run
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.pretrain.register import encoder_config
 from ropim.viz.command import model_config
 
 TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
@@ -31,13 +31,13 @@ TINY = ModelConfig(img_size=32, patch_size=4, depth=2)
 @pytest.fixture(scope="module")
 def pretrained(workdir, ray_session):
     cfg = tiny_pretrain(model=TINY, num_workers=2, run_name="tiny", viz_every=10, async_checkpoint=True)
-    return cfg, pretrain(cfg)  # checkpoints uploaded in Ray's background thread: the last one is there at the end
+    return cfg, run(cfg)  # checkpoints uploaded in Ray's background thread: the last one is there at the end
 
 
 def test_two_worker_pretrain_logs_and_registers(pretrained):
     cfg, result = pretrained
     assert result.metrics["step"] == 6 and result.metrics["epoch"] == 2
-    assert result.encoder_uri.startswith("models:/ropim-encoder/")
+    assert result.model_uri.startswith("models:/ropim-encoder/")
     c = store.client()
     run = c.get_run(result.run_id)
     assert run.info.status == "FINISHED"
@@ -49,7 +49,7 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
     pictures = {a.path for a in c.list_artifacts(result.run_id, "pictures")}
     assert pictures == {"pictures/reconstruction_epoch0002.png", "pictures/token_errors.png"}
     assert {a.path for a in c.list_artifacts(result.run_id, "decoder")} == {"decoder/decoder.safetensors"}
-    name, version = registry.resolve_version(result.encoder_uri)
+    name, version = registry.resolve_version(result.model_uri)
     tags = c.get_model_version(name, version).tags
     assert tags["rho"] == str(1 / 7) and tags["dataset"] == "digits" and tags["run_id"] == result.run_id
     assert Path(result.checkpoint_path, "model.safetensors").exists()
@@ -84,7 +84,7 @@ def test_two_worker_pretrain_is_reproducible_on_a_busy_machine(pretrained):
     busy = "import torch\ntorch.set_num_threads(1)\nwhile True: torch.randn(400, 400) @ torch.randn(400, 400)"
     burner = subprocess.Popen([sys.executable, "-c", busy])
     try:
-        again = pretrain(replace(cfg, run_name="tiny-again"))
+        again = run(replace(cfg, run_name="tiny-again"))
     finally:
         burner.kill()
         burner.wait()
@@ -101,11 +101,11 @@ def test_registered_encoder_reloads_identically_in_fresh_process(pretrained, wor
     script = f"""
 import numpy as np, torch, mlflow
 from ropim.tracking.registry import load_encoder
-enc, cfg = load_encoder({result.encoder_uri!r})
+enc, cfg = load_encoder({result.model_uri!r})
 x = torch.from_numpy(np.load("x.npy"))
 with torch.no_grad():
     np.save("feats.npy", enc(x).numpy())
-np.save("pyfunc.npy", mlflow.pyfunc.load_model({result.encoder_uri!r}).predict(np.load("x.npy")))
+np.save("pyfunc.npy", mlflow.pyfunc.load_model({result.model_uri!r}).predict(np.load("x.npy")))
 """
     env = {**os.environ, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
     subprocess.run([sys.executable, "-c", script], cwd=workdir, env=env, check=True, capture_output=True)
@@ -122,12 +122,14 @@ np.save("pyfunc.npy", mlflow.pyfunc.load_model({result.encoder_uri!r}).predict(n
 
 def test_finetune_from_registered_encoder_tags_the_version(pretrained):
     _, result = pretrained
-    metrics = finetune(tiny_finetune(result.encoder_uri, num_workers=0, epochs=1, mixup=0, cutmix=0))
+    tuned = run(tiny_finetune(result.model_uri, num_workers=0, epochs=1, mixup=0, cutmix=0))
+    metrics = tuned.metrics
     assert 0 <= metrics["top1"] <= metrics["top5"] <= 100
     c = store.client()
-    run = c.get_run(metrics["run_id"])
-    name, version = registry.resolve_version(result.encoder_uri)
-    assert run.data.tags["ropim.encoder_version"] == version and run.data.tags["ropim.encoder_name"] == name
+    mlflow_run = c.get_run(tuned.run_id)
+    name, version = registry.resolve_version(result.model_uri)
+    tags = mlflow_run.data.tags
+    assert tags["ropim.encoder_version"] == version and tags["ropim.encoder_name"] == name
     assert c.get_model_version(name, version).tags["downstream.digits.top1"] == f"{metrics['top1']:.2f}"
 
 

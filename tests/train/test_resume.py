@@ -13,7 +13,7 @@ from support import tiny_pretrain
 from ropim.data.config import DataConfig
 from ropim.data.convert import convert
 from ropim.tracking import store
-from ropim.train.pretrain import pretrain
+from ropim.train.driver import run
 
 
 @pytest.mark.faults
@@ -26,7 +26,8 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
 
     def crash_once(config: dict, worker) -> None:  # nested: Ray pickles it by value
         """The pretraining worker, except that rank 1 dies hard (``os._exit``) at optimizer step 3, once."""
-        from ropim.train import pretrain as module
+        from ropim.train.driver import worker_main
+        from ropim.train.pretrain import task as module
 
         original = module.sketch_generator
 
@@ -37,7 +38,7 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
             return original(seed, step, rank, device)
 
         module.sketch_generator = generator  # in this worker process only
-        module.worker_main(config, worker)
+        worker_main(config, worker)
 
     def hung(*_):
         raise TimeoutError("pretraining with Ray Data did not finish in 300 s: the 2-CPU hang is back")
@@ -45,12 +46,12 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
     old = signal.signal(signal.SIGALRM, hung)
     signal.alarm(300)
     try:
-        result = pretrain(cfg, worker_fn=crash_once)
+        result = run(cfg, worker_fn=crash_once)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert os.path.exists(marker)  # the worker did die
-    assert result.metrics["epoch"] == 2 and result.metrics["step"] == 4 and result.encoder_uri is not None
+    assert result.metrics["epoch"] == 2 and result.metrics["step"] == 4 and result.model_uri is not None
     c = store.client()
     history = sorted(c.get_metric_history(result.run_id, "loss"), key=lambda m: m.step)
     assert [m.step for m in history] == [1, 2]  # epoch 2, retrained after the restart, is recorded once
@@ -63,9 +64,9 @@ def test_worker_death_restarts_from_latest_checkpoint_with_ray_data(workdir, ray
 
 def test_resume_config_takes_only_resumable_changes(workdir):
     from ropim.errors import ConfigError
-    from ropim.train.pretrain import resume_config
+    from ropim.train.jobs import JOBS, resume_config
 
     with pytest.raises(ConfigError, match="no run of that name"):
-        resume_config("ghost", "ray_results", num_workers=1, cpus_per_worker=0.5)
+        resume_config(JOBS["pretrain"], "ghost", "ray_results", num_workers=1, cpus_per_worker=0.5)
     with pytest.raises(ConfigError, match="epochs cannot change"):
-        resume_config("crash", "ray_results", epochs=5)
+        resume_config(JOBS["pretrain"], "crash", "ray_results", epochs=5)

@@ -20,9 +20,9 @@ from ropim.core.config import ModelConfig
 from ropim.core.upernet import build_segmenter
 from ropim.data.seg_config import SegDataConfig
 from ropim.tracking import registry, store
-from ropim.train.config import PretrainConfig
-from ropim.train.segment_config import SegmentConfig
-from ropim.train.segment_job import segment
+from ropim.train.driver import run
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
 
 ENCODER = ModelConfig(img_size=32, patch_size=8, depth=2)  # the demo encoder's shape, 2 blocks
 TINY = ["--crop_size", "32", "--epochs", "1", "--batch_size", "2", "--max_steps_per_epoch", "2", "--channels", "8",
@@ -114,9 +114,9 @@ def test_digits_in_this_process_follow_warm_up_then_poly_decay(workdir, encoder)
     cfg = SegmentConfig(encoder="enc", data=SegDataConfig(canvases=20, canvas_size=32), crop_size=32, epochs=4,
                         batch_size=2, max_steps_per_epoch=2, warmup_epochs=0, lr=1e-3, channels=8, aux_channels=8,
                         num_workers=0, viz_images=0, registered_model="", run_name="seg-digits")
-    result = segment(cfg)
-    assert result["epoch"] == 4 and 0 <= result["miou"] <= 100 and result["segmenter_uri"] is None
-    lr = [m.value for m in sorted(store.client().get_metric_history(result["run_id"], "lr"), key=lambda m: m.step)]
+    result = run(cfg)
+    assert result.metrics["epoch"] == 4 and 0 <= result.metrics["miou"] <= 100 and result.model_uri is None
+    lr = [m.value for m in sorted(store.client().get_metric_history(result.run_id, "lr"), key=lambda m: m.step)]
     assert lr == pytest.approx([7.5e-4, 5e-4, 2.5e-4, 0.0])  # linear to 0 over the 8 steps (poly, power 1)
-    again = segment(cfg)  # a finished run is reported, not trained again
-    assert again["run_id"] == result["run_id"]
+    again = run(cfg)  # a finished run is reported, not trained again
+    assert again.run_id == result.run_id

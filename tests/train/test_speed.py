@@ -10,8 +10,7 @@ from timm.optim import create_optimizer_v2
 
 from ropim.errors import ConfigError
 from ropim.tracking import store
-from ropim.train.finetune import finetune
-from ropim.train.pretrain import pretrain
+from ropim.train.driver import run
 from ropim.train.speed import adamw_kernels, images_to, tf32_matmuls
 
 FAST = dict(compile=True, channels_last=True, tf32=True, adamw="fused", pin_memory=True)
@@ -62,13 +61,13 @@ def test_bad_speed_options_are_refused():
 
 
 def test_pretrain_and_finetune_with_every_speed_option(workdir, compiled):
-    result = pretrain(tiny_pretrain(run_name="fast", num_workers=0, epochs=1, max_steps_per_epoch=2, **FAST))
-    assert result.metrics["step"] == 2 and result.encoder_uri is not None
+    result = run(tiny_pretrain(run_name="fast", num_workers=0, epochs=1, max_steps_per_epoch=2, **FAST))
+    assert result.metrics["step"] == 2 and result.model_uri is not None
     assert len(compiled) == 1 and type(compiled[0]).__name__ == "ROPIM"  # the model the loss calls
     assert [m.step for m in store.client().get_metric_history(result.run_id, "loss")] == [1]
 
     enc = str(encoder_folder(workdir / "enc"))
-    out = finetune(tiny_finetune(enc, num_workers=0, epochs=1, registered_model="", run_name="ft-fast", **FAST))
+    out = run(tiny_finetune(enc, num_workers=0, epochs=1, registered_model="", run_name="ft-fast", **FAST)).metrics
     assert out["step"] == 2 and 0 <= out["top1"] <= 100
     assert len(compiled) == 2
 

@@ -87,8 +87,8 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
 def test_linear_probe_objective(workdir):
     """--metric linear_top1 turns the linear probe on in every trial; the probe scores real features."""
     from ropim.core.model import ROPIM
-    from ropim.train.config import PretrainConfig
     from ropim.train.downstream import frozen_scores
+    from ropim.train.pretrain.config import PretrainConfig
 
     cfg = config_from_args(["--metric", "linear_top1", *TINY, "--name", "lin"])
     assert not cfg.pretrain["eval_linear_probe"]

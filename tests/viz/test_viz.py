@@ -73,7 +73,7 @@ def test_rop_columns_add_up_to_the_original():
 
 def write_checkpoint(folder: Path, model: ROPIM) -> None:
     """A checkpoint folder in the format of ropim.train: model.safetensors + config.json (PretrainConfig)."""
-    from ropim.train.config import PretrainConfig
+    from ropim.train.pretrain.config import PretrainConfig
 
     folder.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
@@ -104,8 +104,8 @@ def test_viz_bad_input_is_one_clear_error(tmp_path):
 def registered(tmp_path_factory):
     """A tiny encoder registered in a fresh sqlite MLflow store, in the format ropim.train writes."""
     from ropim.tracking import registry, store
-    from ropim.train.config import PretrainConfig
-    from ropim.train.pretrain import encoder_config
+    from ropim.train.pretrain.config import PretrainConfig
+    from ropim.train.pretrain.register import encoder_config
 
     d = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{d / 'mlflow.db'}"

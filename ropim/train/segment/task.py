@@ -1,13 +1,10 @@
-"""Semantic segmentation transfer (the paper's Table 3 protocol): the task the training loop runs, and the job that
-checks the encoder against the data, opens the run, trains, and registers the segmenter.
+"""Semantic segmentation transfer (the paper's Table 3 protocol) as the training loop runs it.
 
 ``SegmentTask`` supplies the loop with UperNet on the encoder (``ropim.core.segmenter``: layer-wise lr decay over
 the encoder's blocks, the decoder at the full rate), the joint image + mask augmentation, cross-entropy with the
 auxiliary head's loss weighted by ``aux_weight``, and the val evaluation (whole-image or sliding-window, the pixel
-confusion matrix summed over the workers: mIoU, pixel accuracy, per-class IoU). ``segment(cfg)`` runs it on
-``num_workers`` Ray Train workers (0: in this process), then logs per-class IoU and a picture, registers the
-segmenter (``ropim-segmenter``, loaded without pickle) and tags the encoder version with
-``downstream.<dataset>.miou``. Re-running a named run continues it; a finished one is reported, not trained again.
+confusion matrix summed over the workers: mIoU, pixel accuracy, per-class IoU; the last one is kept for
+``register.py``).
 """
 
 from __future__ import annotations
@@ -17,17 +14,14 @@ import re
 
 import torch
 from timm.optim import create_optimizer_v2
-from torch.utils.data import DataLoader, DistributedSampler
 
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
 from ropim.data.seg_sources import IGNORE, open_seg_source
-from ropim.errors import ConfigError
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
-from ropim.tracking import registry, store
-from ropim.train.loop import EpochData, Worker, autocast_dtype, train
-from ropim.train.segment_config import SegmentConfig
-from ropim.train.speed import adamw_kernels, images_to, resolve_precision
+from ropim.train.segment.config import SegmentConfig
+from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.task import EncoderTask, EpochData, Worker, bad_images, percents
 
 log = logging.getLogger("ropim.segment")
 
@@ -54,23 +48,20 @@ def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentCon
     return conf
 
 
-class SegmentTask:
+class SegmentTask(EncoderTask):
     """Segmentation as the loop sees it."""
 
+    CONFIG = SegmentConfig
     loss_name = "train_loss"
 
     def __init__(self, config: dict, worker: Worker) -> None:
-        self.config = config["cfg"]
-        self.cfg = cfg = SegmentConfig.from_dict(self.config)
-        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
-        self.worker = worker
-        self.state, self.enc_cfg = registry.load_encoder_files(cfg.encoder, self.tracking)
+        super().__init__(config, worker)
+        cfg = self.cfg
         source = open_seg_source(cfg.data)
         self.classes = source.classes
         self.train_set = build_seg_dataset(cfg.data, "train", seg_train_transform(
             cfg.crop_size, (cfg.scale_min, cfg.scale_max), cfg.hflip, cfg.photometric), source)
         self.val_set = build_seg_dataset(cfg.data, "val", seg_eval_transform(cfg.crop_size), source)
-        self.last_eval: dict = {}
         self.seg_config: dict = {}
 
     def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -91,21 +82,8 @@ class SegmentTask:
         return model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
-        cfg = self.cfg
-        sampler = DistributedSampler(self.train_set, num_replicas=worker.world, rank=worker.rank, shuffle=True,
-                                     seed=cfg.seed, drop_last=True)
-        loader = DataLoader(self.train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
-                            num_workers=cfg.dataloader_workers,
-                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory,
-                            persistent_workers=cfg.dataloader_workers > 0)
-        if len(loader) < 1:
-            raise ConfigError(f"batch_size={cfg.batch_size}: larger than the training split on each worker")
-
-        def batches(epoch: int):
-            sampler.set_epoch(epoch)
-            return iter(loader)
-
-        return EpochData(batches, len(loader), {"bad_images": (lambda: float(self.train_set.bad.count), "sum")})
+        return self.sharded(self.train_set, micro_batch, self.cfg.dataloader_workers,
+                            {"bad_images": bad_images(self.train_set)})
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
@@ -115,34 +93,17 @@ class SegmentTask:
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         k, w = len(self.classes), self.worker
         conf = evaluate_confusion(model, self.val_set, range(w.rank, len(self.val_set), w.world), self.cfg, k,
-                                  w.device, autocast_dtype(resolve_precision(self.cfg.precision, w.device)))
+                                  w.device, self.amp_dtype)
         conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
         scores = segmentation_scores(conf)
         per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)
                      if v == v}  # NaN: the class is in neither the labels nor the predictions
-        self.last_eval = {"eval": {"epoch": epoch, "miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
-                                   "per_class_iou": scores["per_class_iou"], "classes": self.classes,
-                                   "segmenter": self.seg_config}}
+        self.extra = {"eval": {"epoch": epoch, "miou": scores["miou"], "pixel_acc": scores["pixel_acc"],
+                               "per_class_iou": scores["per_class_iou"], "classes": self.classes,
+                               "segmenter": self.seg_config}}
         return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"], **per_class}
-
-    def evaluations(self, wait: bool) -> list[dict]:
-        return []  # every evaluation is inline: its confusion matrix is summed over the workers
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         if "miou" in metrics:
-            eta = (self.cfg.epochs - metrics["epoch"]) * metrics["epoch_time_s"]
-            log.info(f"[{self.cfg.kind}] epoch {metrics['epoch']}/{self.cfg.epochs} train loss "
-                     f"{metrics['train_loss']:.4f} val mIoU {metrics['miou']:.2f}% pixel acc "
-                     f"{metrics['pixel_acc']:.2f}% {metrics['img_per_s']:.1f} img/s ETA {eta / 60:.1f} min")
-
-    def record(self, epochs: list[dict]) -> None:
-        store.log_epochs(self.run_id, epochs, self.tracking)
-
-    def checkpoint_extra(self) -> dict:
-        return self.last_eval
-
-
-def worker_main(config: dict, worker: Worker) -> None:
-    """One worker of a segmentation job."""
-    task = SegmentTask(config, worker)
-    train(task, task.cfg.loop(), worker)
+            self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f} val",
+                           *percents(metrics, "miou", "pixel_acc"))

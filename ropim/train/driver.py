@@ -1,0 +1,137 @@
+"""The one job driver: ``prepare`` (``ropim.train.jobs``: the config checked once) → pin the encoder the job starts
+from → open or continue its MLflow run → train on ``num_workers`` Ray Train workers or in this process → register its
+result once the last epoch is done | mark the run stopped. Every job and every sweep trial runs through ``run``;
+``worker_main`` is every job's worker.
+
+Re-running a named run (same ``run_name`` and ``storage_path``) continues it from its latest checkpoint with the same
+step count, schedule and MLflow run; re-running a finished one reports it and trains and registers nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ropim.console import ensure_logging
+from ropim.tracking import store
+from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.runs import Run, open_run
+from ropim.train.downstream import run_tags
+from ropim.train.encoder_job import EncoderJob
+from ropim.train.inprocess import downloaded
+from ropim.train.job import JobConfig, dataset_name
+from ropim.train.jobs import JOBS, Prepared, prepare
+from ropim.train.loop import train
+from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
+from ropim.train.task import Worker
+
+
+def worker_main(config: dict, worker: Worker) -> None:
+    """One worker of any job: its Task (``config["job"]`` names the job) on the one loop."""
+    task = JOBS[config["job"]].load("task")(config, worker)
+    train(task, task.cfg.loop(), worker)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """Where a job left its outputs."""
+
+    run_id: str
+    run_name: str
+    model_uri: str | None  # what it registered; None while the run is unfinished or when it registers nothing
+    checkpoint_path: str | None  # its latest checkpoint: a folder or a URI
+    metrics: dict  # the last epoch's (a run finished earlier: the latest values MLflow holds)
+
+    @contextlib.contextmanager
+    def checkpoint_dir(self) -> Iterator[Path]:
+        """The latest checkpoint as a local folder (downloaded from remote storage when needed)."""
+        if "://" in self.checkpoint_path:
+            with downloaded(self.checkpoint_path) as folder:
+                yield folder
+        else:
+            yield Path(self.checkpoint_path)
+
+
+def run(job: JobConfig | Prepared, *, worker_fn: WorkerFn = worker_main, register: bool = True,
+        run_options: dict | None = None, **trainer_kwargs) -> JobResult:
+    """Run a job (a config, or what ``prepare`` made of it): train (or continue) its run, then register its result.
+
+    ``register=False`` leaves the registry alone (a sweep trial); ``run_options`` replace what the run is opened with
+    (``open_run``'s experiment, title, tags, lock, resume, …); ``trainer_kwargs`` go to the TorchTrainer (e.g.
+    ``callbacks=[TuneReportCallback()]`` inside a Ray Tune trial)."""
+    ensure_logging()
+    p = pin(job if isinstance(job, Prepared) else prepare(job))
+    cfg = p.cfg
+    options = {"experiment": cfg.experiment, "tags": tags(p), "config_artifact": p.job.artifact,
+               "resumable": cfg.RESUMABLE, "resume": p.resume_hint,
+               "normalize": lambda stored: type(cfg).from_dict(stored).resolved().to_dict(), **(run_options or {})}
+    with open_run(name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(), uri=p.tracking,
+                  **options) as mlflow_run:
+        if mlflow_run.finished:
+            return reported(p, mlflow_run)
+        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
+        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source(p)}, MLflow run {mlflow_run.run_id} at "
+              f"{p.tracking}", flush=True)
+        with ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)):
+            inputs, datasets = p.job.load("task").inputs(cfg)
+            config = {"job": p.job.name, "cfg": cfg.to_dict(), "run_id": mlflow_run.run_id, "tracking_uri": p.tracking,
+                      "run_dir": run_dir(cfg), **inputs}
+            result = fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
+        return finish(p, mlflow_run, result, register)
+
+
+def pin(p: Prepared) -> Prepared:
+    """``p`` with the encoder its job starts from resolved (an alias to its version, a folder made absolute: what every
+    worker and a resumed run load) and checked against the job (its config, its weights' depth)."""
+    if not isinstance(p.cfg, EncoderJob):
+        return p
+    ref, _ = resolve_encoder(p.cfg.encoder, p.tracking)
+    return dataclasses.replace(p, cfg=p.cfg.pinned(ref.uri, {**ref.config, "depth": ref.depth}, ref.pinned), ref=ref)
+
+
+def source(p: Prepared) -> str:
+    """What the run trains on, for its first line: the data, and the encoder it starts from (or its architecture)."""
+    data = dataset_name(p.cfg.data)
+    if p.ref is None:
+        return data
+    start = "random init, architecture of " if getattr(p.cfg, "random_init", False) else ""
+    return f"{start}{p.ref.label} on {data}{p.cfg.size(p.ref.config)}"
+
+
+def tags(p: Prepared) -> dict[str, str]:
+    """The run's tags: what it is, and the encoder it started from."""
+    return {"ropim.kind": p.cfg.kind} if p.ref is None else run_tags(p.ref, p.cfg.kind, p.cfg.data)
+
+
+def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> JobResult:
+    """Register the result of a run whose last epoch is done (unless ``register`` is false), or mark it stopped;
+    record the outcome."""
+    cfg, uri = p.cfg, None
+    if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
+        if register:
+            with result.checkpoint_dir() as folder:
+                uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+        if uri:
+            store.set_tags(mlflow_run.run_id, {p.job.model_tag: uri}, p.tracking)
+        mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics)
+        print(f"[{cfg.kind}] registered {p.job.model} {uri}" if uri else
+              f"[{cfg.kind}] finished, nothing registered: {result.checkpoint_path}", flush=True)
+    else:
+        mlflow_run.stop()
+        print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue with "
+              f"`{p.resume_hint}`", flush=True)
+    return JobResult(mlflow_run.run_id, cfg.run_name, uri, result.checkpoint_path, result.metrics)
+
+
+def reported(p: Prepared, mlflow_run: Run) -> JobResult:
+    """A run that finished earlier: reported, nothing trained or registered again."""
+    cfg = p.cfg
+    uri = mlflow_run.tags.get(p.job.model_tag)
+    metrics = {**store.client(p.tracking).get_run(mlflow_run.run_id).data.metrics, "epoch": cfg.epochs,
+               **mlflow_run.meta.get("metrics", {})}
+    print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {mlflow_run.run_id}); {p.job.model} {uri}",
+          flush=True)
+    return JobResult(mlflow_run.run_id, cfg.run_name, uri, mlflow_run.meta.get("checkpoint"), metrics)

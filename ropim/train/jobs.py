@@ -1,0 +1,157 @@
+"""The one list of training jobs, and ``prepare``: a job's config checked once, before anything heavy starts.
+
+Each ``Job`` names its config class, its Task and register function (imported where they run), what it registers,
+its MLflow experiment (the default of its config's ``experiment``), its command (``ropim <name>``) and its
+``jobs/<name>.py`` entry for ``ray job submit``. The command line, the ``jobs/`` entries, ``--resume`` and the sweeps
+read ``JOBS``; ``ropim.train.driver`` runs what ``prepare`` returns. Imports nothing heavy: ``prepare`` is the
+command line's pre-flight, answering bad input before torch, Ray or MLflow is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ropim.errors import ConfigError
+from ropim.paths import resolve_path
+from ropim.tracking.names import default_run_name
+from ropim.tracking.preflight import check_models
+from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.train.encoder_job import EncoderJob
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.graft.config import GraftConfig
+from ropim.train.job import JobConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
+
+if TYPE_CHECKING:
+    from ropim.tracking.encoders import EncoderRef
+
+
+@dataclass(frozen=True)
+class Job:
+    """A training job: the sub-package ``ropim.train.<name>`` of its config (``config.py``), its Task (``task.py``)
+    and its register function (``register.py``), and where it shows."""
+
+    config: type[JobConfig]
+    task: str  # its Task class in ``ropim.train.<name>.task``, imported where it runs
+    # its register function in ``ropim.train.<name>.register``: (config, encoder ref or None, MLflow run id, final
+    # checkpoint folder, tracking URI) → the registered URI, or None; it also logs the job's final results
+    register: str
+    model: str  # what it registers: encoder | classifier | segmenter
+    description: str  # ``ropim <name> --help``
+    help: str  # its line in ``ropim --help``
+    scores: str = ""  # the command's last line once finished: a format of its final metrics, model_uri and run_id
+    tag: str = ""  # the run tag holding the registered URI (default ``ropim.<model>_uri``)
+    config_artifact: str = ""  # where the run keeps its config (default ``config/<name>.json``)
+    resume: bool = False  # ``ropim <name> --resume RUN`` continues a run with its stored config
+
+    @property
+    def name(self) -> str:
+        """Its command, ``jobs/<name>.py``, progress prefix and MLflow tag ``ropim.kind``."""
+        return self.config.NAME
+
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment of its runs (unless a config names another)."""
+        return self.config().experiment
+
+    @property
+    def entry(self) -> str:
+        """Its ``ray job submit`` entry point, relative to the repository."""
+        return f"jobs/{self.name}.py"
+
+    @property
+    def model_tag(self) -> str:
+        return self.tag or f"ropim.{self.model}_uri"
+
+    @property
+    def artifact(self) -> str:
+        return self.config_artifact or f"config/{self.name}.json"
+
+    def load(self, what: str):
+        """Its Task class (``what`` = "task") or its register function ("register"), imported."""
+        return getattr(importlib.import_module(f"ropim.train.{self.name}.{what}"), getattr(self, what))
+
+
+REGISTERS = "models:/name/version, models:/name@alias, runs:/…, or a local folder"
+JOBS: dict[str, Job] = {job.name: job for job in (
+    Job(PretrainConfig, "PretrainTask", "register_encoder", "encoder",
+        "Pretrain a ViT with ROPIM on Ray Train; register it.", "pretrain an encoder and register it in MLflow",
+        config_artifact="config/pretrain.yaml", resume=True),
+    Job(FinetuneConfig, "FinetuneTask", "register_classifier", "classifier",
+        f"Fine-tune a classifier from an encoder ({REGISTERS}) on Ray Train (num_workers=0: in this process); "
+        "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5",
+        scores="top-1 {top1:.2f}%  top-5 {top5:.2f}%  classifier {model_uri}  (MLflow run {run_id})"),
+    Job(GraftConfig, "GraftTask", "register_graft", "encoder",
+        f"LGP-ROPIM's second stage: MoCo v3 on an encoder ({REGISTERS}), its lower blocks at a fraction of the "
+        "learning rate (Layer Grafted Pre-training), on Ray Train; register the result as a new encoder version "
+        "tagged stage=lgp.", "graft MoCo v3 onto an encoder (LGP-ROPIM) and register it",
+        tag="ropim.grafted_encoder_uri"),
+    Job(SegmentConfig, "SegmentTask", "register_segmenter", "segmenter",
+        "Semantic segmentation transfer: UperNet on an encoder (the paper's ADE20K protocol), on Ray Train "
+        "(num_workers=0: in this process); register it as ropim-segmenter.",
+        "train UperNet from an encoder URI and report mIoU / pixel accuracy",
+        scores="mIoU {miou:.2f}%  pixel accuracy {pixel_acc:.2f}%  segmenter {model_uri}  (MLflow run {run_id})"),
+)}
+
+
+def job_of(cfg: JobConfig) -> Job:
+    """The job whose config ``cfg`` is."""
+    return JOBS[cfg.NAME]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job ready to run: its config checked and named, the tracking store that answered; the driver pins the
+    encoder (``ref``) it starts from."""
+
+    job: Job
+    cfg: JobConfig
+    tracking: str
+    ref: EncoderRef | None = None
+
+    @property
+    def resume_hint(self) -> str:
+        """The command that continues this run."""
+        cfg = self.cfg
+        if not self.job.resume:
+            return f"the same command, with --run_name {cfg.run_name}"
+        default = cfg.storage_path == resolve_path("ray_results")
+        return f"ropim {self.job.name} --resume {cfg.run_name}" + ("" if default else
+                                                                     f" --storage_path {cfg.storage_path}")
+
+
+def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
+    """Check a job's config once, before anything runs: its local paths made absolute, its fields validated (the
+    one validation in this process), its workers fitting, the tracking store answering, the encoder it starts from
+    there (a local folder's ``config.json`` checked against the job), the training split holding a batch; then name
+    the run. Imports no torch and, unless an encoder is registered, no MLflow. ``tracking``: the MLflow store (default
+    ``tracking_uri()``)."""
+    given, cfg = cfg, cfg.resolved().validate()
+    cfg.check_resources()
+    tracking = tracking or tracking_uri()
+    check_tracking(tracking)
+    if isinstance(cfg, EncoderJob):  # random init too: the encoder gives the architecture; named as typed
+        check_models([given.encoder], "encoder", tracking, cfg.check_encoder)
+    cfg.check_data()
+    cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg.run_prefix))
+    return Prepared(job_of(cfg), cfg, tracking)
+
+
+def resume_config(job: Job, run_name: str, storage_path: str = "ray_results", **resumable) -> JobConfig:
+    """The stored config of ``job``'s run ``run_name``, trained to the end, with resumable fields replaced by
+    ``resumable``."""
+    from ropim.checks import check_location
+    from ropim.tracking.runs import read_run_meta
+
+    unknown = set(resumable) - set(job.config.RESUMABLE)
+    if unknown:
+        raise ConfigError(f"--resume: {', '.join(sorted(unknown))} cannot change when continuing a run")
+    check_location(storage_path, "storage_path")
+    meta = read_run_meta(storage_path, run_name)
+    if meta is None:
+        raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
+    return dataclasses.replace(job.config.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})

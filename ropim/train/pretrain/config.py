@@ -1,0 +1,63 @@
+"""What a pretraining job is (``PretrainConfig``): its own fields and rules beside what every job shares
+(``ropim.train.job``). Imports nothing heavy, so that the command line parses and validates fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ropim.checks import COUNT, POSITIVE, Range
+from ropim.core.config import ModelConfig
+from ropim.errors import ConfigError
+from ropim.tracking.names import DEFAULT_ENCODER_NAME
+from ropim.train.job import JobConfig
+
+INGESTS = ("torch", "ray_data")
+
+
+@dataclass(frozen=True)
+class PretrainConfig(JobConfig):
+    """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
+
+    NAME = "pretrain"
+    RULES = {**JobConfig.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
+             "beta2": Range(0, 1, high_open=True), "eval_every": Range(0, integer=True),
+             "viz_every": Range(0, integer=True), "knn_k": COUNT}
+    FLAGS = (*JobConfig.FLAGS, "eval_async")
+    RESUMABLE = (*JobConfig.RESUMABLE, "eval_async")
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
+    global_batch_size: int = 128
+    accum_steps: int = 1  # gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)
+    base_lr: float = 1e-3  # lr = base_lr × global_batch_size / 512
+    beta2: float = 0.95
+    clip_grad: float | None = 5.0  # max gradient norm (the paper's 5.0); None = no clipping
+    # auto (bf16 on native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16 (GPU); bf16 pretraining kept the demo's
+    # scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)
+    precision: str = "auto"
+    ingest: str = "torch"  # torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded
+    eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
+    eval_async: bool = True  # eval epochs before the job's last run beside training (false: inline, what ASHA needs)
+    viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
+    knn_k: int = 20  # neighbours of the kNN top-1 evaluation (every eval_every epochs)
+    experiment: str = "ropim-pretrain"
+    registered_model: str = DEFAULT_ENCODER_NAME
+
+    def check_inputs(self) -> None:
+        self.model.validate()
+        super().check_inputs()
+
+    def check(self) -> None:
+        if self.ingest not in INGESTS:
+            raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
+        if self.num_workers == 0 and self.ingest == "ray_data":
+            raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
+
+    @property
+    def lr(self) -> float:
+        """Peak learning rate after the linear scaling rule."""
+        return self.base_lr * self.global_batch_size / 512
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PretrainConfig:
+        model = {"backbone": "vit", **d.get("model", {})}  # stored before backbones: vit
+        return super().from_dict({**d, "model": model})

@@ -1,0 +1,144 @@
+"""ROPIM pretraining as the training loop runs it.
+
+``PretrainTask`` supplies the loop with the ROPIM model and its AdamW optimizer, the batches (a DataLoader, or a
+Ray Data shard with ``ingest=ray_data``), the loss with a fresh corruption per step drawn from
+(seed, step, rank), the kNN / linear-probe evaluation of the encoder (epochs before the job's last in a background
+thread on a copy of the encoder, with ``eval_async``), and rank 0's epoch hook (an MLflow metrics
+line, reconstruction pictures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from timm.optim import create_optimizer_v2
+
+from ropim.core.model import ROPIM
+from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
+from ropim.data.sources import count_images
+from ropim.tracking import store
+from ropim.train.background import Background
+from ropim.train.downstream import frozen_scores
+from ropim.train.loop import worker_seed
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.task import EpochData, Task, Worker, bad_images, percents
+
+log = logging.getLogger("ropim.train")
+
+
+def sketch_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
+    """The generator of step ``step`` on ``rank``: corruptions are reproducible from (seed, step, rank)."""
+    return torch.Generator(device=device).manual_seed(worker_seed(seed, step, rank))
+
+
+def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tensor, epoch: int, seed: int,
+                 figure5: bool) -> None:
+    """Reconstruction grid of ``imgs`` (paper Figs. 3/6/7) and, once, the Figure-5 token errors, as PNG artifacts."""
+    from ropim.viz.figure5 import token_error_figure, token_errors
+    from ropim.viz.grids import save_reconstruction_grid
+
+    with tempfile.TemporaryDirectory() as tmp:
+        grid = Path(tmp) / f"reconstruction_epoch{epoch:04d}.png"
+        save_reconstruction_grid(model, imgs, grid, torch.Generator().manual_seed(seed))
+        store.log_artifact(run_id, grid, "pictures", tracking_uri)
+        if figure5:
+            fig = Path(tmp) / "token_errors.png"
+            token_error_figure(token_errors(imgs, model.cfg.patch_size), fig)
+            store.log_artifact(run_id, fig, "pictures", tracking_uri)
+
+
+class PretrainTask(Task):
+    """ROPIM pretraining as the loop sees it."""
+
+    CONFIG = PretrainConfig
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        super().__init__(config, worker)
+        self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
+        self.viz_imgs, self.background = None, Background("ropim-eval")
+        if worker.rank == 0 and self.cfg.viz_every:
+            self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
+
+    @classmethod
+    def inputs(cls, cfg: PretrainConfig) -> tuple[dict, dict | None]:
+        """(what the workers' config adds: the training split's size, Ray Data's bad-image counter; the Ray datasets)
+        of a pretraining job; Ray must be up for ``ingest=ray_data``."""
+        n_train = count_images(cfg.data, "train")
+        if cfg.ingest != "ray_data":
+            return {"n_train": n_train}, None
+        from ropim.data.ingest import build_ray_dataset, new_bad_image_counter
+
+        counter = new_bad_image_counter()
+        return {"n_train": n_train, "bad_images": counter}, {"train": build_ray_dataset(
+            cfg.data, "train", cfg.model.img_size, shuffle_seed=cfg.seed, bad_images=counter)}
+
+    def build(self, worker: Worker) -> tuple[ROPIM, torch.optim.Optimizer]:
+        self.model = ROPIM(self.cfg.model).to(worker.device)
+        optimizer = create_optimizer_v2(self.model, "adamw", lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                                        betas=(0.9, self.cfg.beta2), **adamw_kernels(self.cfg.adamw))
+        return self.model, optimizer
+
+    def data(self, worker: Worker, micro_batch: int) -> EpochData:
+        cfg = self.cfg
+        if cfg.ingest == "ray_data":
+            import ray.train
+
+            from ropim.data.ingest import bad_image_summary, iter_epoch
+
+            shard = ray.train.get_dataset_shard("train")  # an equal split: every worker gets as many batches
+            counter = self.bad_counter
+            return EpochData(
+                batches=lambda epoch: iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=worker.rank),
+                steps=self.n_train // worker.world // micro_batch // cfg.accum_steps,
+                stats={"bad_images": (lambda: bad_image_summary(counter)["count"] if counter is not None else 0,
+                                      "max")},  # one counter for the whole dataset
+            )
+        dataset = build_dataset(cfg.data, "train", pretrain_transform(cfg.model.img_size), cfg.model.img_size)
+        return self.sharded(dataset, micro_batch, stats={"bad_images": bad_images(dataset)})
+
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        device = self.worker.device
+        imgs = images_to(batch[0], device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
+        generator = sketch_generator(self.cfg.seed, step, self.worker.rank, device)
+        corruption = self.model.draw_corruption(imgs.shape[0], generator)  # outside a compiled forward
+        loss, _, _ = model(imgs, corruption=corruption)
+        return loss, imgs.shape[0]
+
+    def evaluate(self, model: ROPIM, epoch: int, final: bool) -> dict[str, float]:
+        if self.worker.rank != 0:
+            return {}
+        if final or not self.cfg.eval_async:
+            return self.scores(model.encoder)
+        encoder = copy.deepcopy(model.encoder)  # a copy on the same device: training changes the live weights
+        self.background.submit(epoch, lambda: self.scores(encoder))
+        return {}
+
+    def scores(self, encoder: torch.nn.Module) -> dict[str, float]:
+        """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
+        training's kernels keep theirs)."""
+        cfg, device = self.cfg, self.worker.device
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        done = self.background.collect(wait)
+        for m in done:
+            log.info(f"[pretrain] epoch {m['epoch']} evaluated beside training: "
+                     + " ".join(percents(m, "knn_top1", "linear_top1")))
+        if wait:
+            self.background.close()
+        return done
+
+    def epoch_end(self, model: ROPIM, metrics: dict) -> None:
+        cfg, epoch = self.cfg, metrics["epoch"]
+        self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"data wait {100 * metrics['data_wait_share']:.1f}%",
+                       *percents(metrics, "knn_top1", "linear_top1"))
+        if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
+            log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)

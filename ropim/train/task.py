@@ -1,0 +1,158 @@
+"""What the one training loop (``ropim.train.loop``) talks to: the ``Worker`` it runs on (a Ray Train worker or this
+process, ``ropim.train.runtime``), and the ``Task`` a job supplies (a base class with the hooks' defaults) with its
+``EpochData``."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ropim.errors import ConfigError
+from ropim.tracking import registry, store
+from ropim.train.checkpoint import Candidates
+from ropim.train.job import JobConfig
+
+log = logging.getLogger("ropim.train")
+
+
+class Worker(Protocol):
+    """Where the loop runs: one Ray Train worker, or this process (``ropim.train.runtime``)."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    def restorable(self) -> Candidates:
+        """The run's complete checkpoints, newest first: (name, a context giving it as a local folder)."""
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor: ...
+
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
+        """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted; with
+        ``background``, persisted while training goes on where the worker can."""
+
+
+@dataclass
+class EpochData:
+    """A worker's batches: ``batches(epoch)`` yields the micro batches of ``steps`` optimizer steps."""
+
+    batches: Callable[[int], Iterator]
+    steps: int
+    # extra per-epoch statistics: name -> (read this worker's value, "sum" or "max" over workers)
+    stats: dict[str, tuple[Callable[[], float], str]] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A job as the loop sees it: the model, the batches, batch → loss, and hooks with defaults (evaluation, what
+    rank 0 logs and records). A job's task names its config class (``CONFIG``) and defines ``build``, ``data`` and
+    ``loss``; the loop offers it the run's step count and its autocast dtype before the first epoch."""
+
+    CONFIG: ClassVar[type[JobConfig]]
+    loss_name = "loss"  # the epoch's mean-loss metric: "loss" (pretraining) or "train_loss" (fine-tuning)
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        self.config = config["cfg"]  # the job's config, stored in every checkpoint as config.json
+        self.cfg = self.CONFIG.from_dict(self.config)
+        # the MLflow run, its store, and the run's folder (local path or URI): where a stop is recorded
+        self.run_id, self.tracking, self.run_dir = config["run_id"], config["tracking_uri"], config["run_dir"]
+        self.worker = worker
+        self.extra: dict = {}  # JSON-able extras for the next checkpoint's metrics.json (e.g. the last evaluation)
+        self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
+        self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
+
+    @classmethod
+    def inputs(cls, cfg: JobConfig) -> tuple[dict, dict | None]:
+        """On the driver, before the workers start: what their config adds, and the Ray datasets they read (none)."""
+        return {}, None
+
+    @abstractmethod
+    def build(self, worker: Worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The model on ``worker.device`` (identical on every rank) and its optimizer."""
+
+    @abstractmethod
+    def data(self, worker: Worker, micro_batch: int) -> EpochData:
+        """This worker's share of the training data in micro batches of ``micro_batch``."""
+
+    @abstractmethod
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        """(mean loss, images) of one micro batch at optimizer step ``step``; ``model`` may be DDP-wrapped."""
+
+    def before_step(self, step: int) -> None:
+        """Called once before the micro batches of optimizer step ``step`` (e.g. to move a momentum encoder)."""
+        return None
+
+    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
+        """Metrics of epoch ``epoch`` (1-based) when due; called on every rank. Unless ``final`` (the job's last
+        epoch), a task may start the evaluation in the background and return {} (``evaluations`` collects it)."""
+        return {}
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        """Background evaluations finished so far (``wait``: all, waiting), as ``{"epoch": e, **metrics}``."""
+        return []
+
+    @abstractmethod
+    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
+        """Rank 0, after each epoch: the progress line, pictures."""
+
+    def record(self, epochs: list[dict]) -> None:
+        """Rank 0: store the metrics of ``epochs`` in MLflow, once the checkpoint that holds them is reported — so an
+        epoch retrained after a crash is recorded once."""
+        store.log_epochs(self.run_id, epochs, self.tracking)
+
+    def checkpoint_extra(self) -> dict:
+        """JSON-able extras stored in the checkpoint's metrics.json (``extra``)."""
+        return self.extra
+
+    def log_epoch(self, metrics: dict, *shown: str) -> None:
+        """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA."""
+        cfg, epoch = self.cfg, metrics["epoch"]
+        eta = (cfg.epochs - epoch) * metrics["epoch_time_s"] / 60
+        log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
+                 f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min")
+
+    def sharded(self, dataset, micro_batch: int, processes: int = 0,
+                stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
+        """This worker's share of a map-style ``dataset``: a seeded ``DistributedSampler`` (reshuffled per epoch,
+        ``drop_last``) and a DataLoader of ``processes`` worker processes; ``stats`` as ``EpochData``'s."""
+        cfg, worker = self.cfg, self.worker
+        sampler = DistributedSampler(dataset, num_replicas=worker.world, rank=worker.rank, shuffle=True, seed=cfg.seed,
+                                     drop_last=True)
+        loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True, num_workers=processes,
+                            persistent_workers=processes > 0,
+                            pin_memory=worker.device.type == "cuda" and cfg.pin_memory)
+        if len(loader) < 1:
+            raise ConfigError(f"{cfg.BATCH}={cfg.batch}: larger than the training split on each worker")
+
+        def batches(epoch: int) -> Iterator:
+            sampler.set_epoch(epoch)
+            return iter(loader)
+
+        return EpochData(batches, len(loader) // cfg.accum, stats or {})
+
+
+class EncoderTask(Task):
+    """A task that starts from an encoder: its weights and config (the version the driver pinned) loaded on the
+    worker."""
+
+    def __init__(self, config: dict, worker: Worker) -> None:
+        super().__init__(config, worker)
+        self.state, self.enc_cfg = registry.load_encoder_files(self.cfg.encoder, self.tracking)
+
+
+def percents(metrics: dict, *keys: str) -> list[str]:
+    """``key value%`` of each of ``keys`` that ``metrics`` holds (an evaluation's top-1, mIoU, …)."""
+    return [f"{k} {metrics[k]:.2f}%" for k in keys if k in metrics]
+
+
+def bad_images(dataset) -> tuple[Callable[[], float], str]:
+    """The epoch statistic of the images ``dataset`` skipped as undecodable, summed over the workers."""
+    return lambda: getattr(getattr(dataset, "bad", None), "count", 0), "sum"

@@ -1,0 +1,110 @@
+"""The pieces of the epoch-end tests (``test_epoch_end``): a toy task whose workers hold unequal numbers of batches,
+and one process of a 2-rank loop on gloo (imports only torch and the loop, so a spawned process starts quickly)."""
+
+from __future__ import annotations
+
+import shutil
+import traceback
+from pathlib import Path
+
+import torch
+
+from ropim.train.job import LoopConfig
+from ropim.train.loop import Loop
+from ropim.train.task import EpochData
+
+
+def toy_loop_config(epochs: int = 2, global_batch_size: int = 4) -> LoopConfig:
+    """Plain SGD-like settings: fp32, no warm-up, 2 micro batches per step, an evaluation every epoch."""
+    return LoopConfig(kind="toy", epochs=epochs, global_batch_size=global_batch_size, lr=0.1, min_lr=0.1,
+                      warmup_epochs=0, seed=0, accum_steps=2, precision="fp32", eval_every=1, log_every=100)
+
+
+class ToyTask:
+    """A linear model on fixed random batches: ``batches[rank]`` micro batches a worker's epoch really yields, while
+    its data lists ``listed`` steps (as Ray Data's equal split does before bad images are skipped)."""
+
+    loss_name = "loss"
+
+    def __init__(self, batches: dict[int, int], listed: int, run_dir: str, fail_at: int | None = None) -> None:
+        self.batches, self.listed, self.run_dir, self.fail_at = batches, listed, run_dir, fail_at
+        self.config: dict = {}
+        self.clean: list[bool] = []  # per epoch, after training: no gradient left on any parameter
+
+    def build(self, worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        self.model = torch.nn.Linear(4, 1)
+        return self.model, torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def data(self, worker, micro_batch: int) -> EpochData:
+        def batches(epoch: int):
+            g = torch.Generator().manual_seed(100 * epoch + worker.rank)
+            return iter([torch.randn(micro_batch, 4, generator=g) for _ in range(self.batches[worker.rank])])
+
+        return EpochData(batches, self.listed)
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
+        if step == self.fail_at:
+            raise StopIteration("raised by the task's own code, not the end of the data")
+        return (model(batch) - 1).pow(2).mean(), batch.shape[0]
+
+    def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
+        self.clean.append(all(p.grad is None for p in model.parameters()))
+        return {}
+
+    def evaluations(self, wait: bool) -> list[dict]:
+        return []
+
+    def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
+        pass
+
+    def record(self, epochs: list[dict]) -> None:
+        pass
+
+    def checkpoint_extra(self) -> dict:
+        return {}
+
+
+class GlooWorker:
+    """A worker of a 2-process gloo group: DDP and all-gather as on Ray Train's CPU workers; checkpoints dropped."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self.steps: list[int] = []  # the step count each epoch's report carried
+
+    def restorable(self):
+        return iter(())
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return torch.nn.parallel.DistributedDataParallel(model)
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        out = [torch.zeros_like(values) for _ in range(self.world)]
+        torch.distributed.all_gather(out, values)
+        return torch.stack(out)
+
+    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
+        self.steps.append(metrics["step"])
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def two_rank_loop(rank: int, init: str, batches: dict[int, int], listed: int, run_dir: str, out) -> None:
+    """Rank ``rank`` of 2: two epochs of ``ToyTask``; puts (rank, steps per report, clean, weights as floats) or the
+    error."""
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        task, worker = ToyTask(batches, listed, run_dir), GlooWorker(rank, 2)
+        loop = Loop(task, toy_loop_config(global_batch_size=8), worker)
+        loop.run()
+        weights = torch.cat([p.detach().flatten() for p in task.model.parameters()]).tolist()  # no tensor: no fd
+        out.put((rank, worker.steps, task.clean, weights))
+    except BaseException:
+        out.put((rank, traceback.format_exc(), None, None))
+        raise
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,53 @@
+"""The job declarations: every job's command-line flags and default config are what they were before the shared
+fields moved to one base config (``tests/train/jobs_before.json``, written from the code before), a config survives
+its dict round trip, a job's config is validated once per process, and every job has its ``jobs/`` entry."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from support import ROOT, encoder_folder
+
+from ropim.cli import job_commands, job_parser, main
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.jobs import JOBS
+
+BEFORE = json.loads(Path(__file__).with_name("jobs_before.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_flags_and_defaults_are_unchanged(name):
+    cls = job_commands()[name][0]
+    help_text = job_parser(cls, name, "").format_help()
+    assert sorted(set(re.findall(r"^\s+(--[\w.]+)", help_text, re.M))) == BEFORE[name]["flags"]
+    assert json.loads(json.dumps(cls().to_dict())) == BEFORE[name]["defaults"]
+    assert cls.from_dict(cls().to_dict()) == cls()
+
+
+def test_a_job_validates_its_config_once(workdir, monkeypatch, capsys):
+    """`ropim finetune …` in this process: the pre-flight and the run share one ``prepare``, so the config is
+    validated exactly once (before, the command and the job each validated it)."""
+    calls = []
+    validate = FinetuneConfig.validate
+
+    def counted(self):
+        calls.append(self.run_name)
+        return validate(self)
+
+    monkeypatch.setattr(FinetuneConfig, "validate", counted)
+    enc = str(encoder_folder(workdir / "enc"))
+    main(["finetune", "--encoder", enc, "--num_workers", "0", "--epochs", "1", "--batch_size", "16",
+          "--max_steps_per_epoch", "1", "--mixup", "0", "--cutmix", "0", "--registered_model", "",
+          "--run_name", "once"])
+    assert calls == ["once"]
+    assert capsys.readouterr().out.splitlines()[-1].startswith("top-1 ")
+
+
+def test_every_job_has_its_ray_job_entry():
+    for job in JOBS.values():
+        entry = ROOT / job.entry
+        assert entry.is_file() and f"`ropim {job.name}`" in entry.read_text()
+        assert job.experiment == f"ropim-{job.name}"
