@@ -170,8 +170,9 @@ def add_job_command(sub, name: str, config_cls: type, description: str, help_lin
     parser = job_parser(config_cls, name, description)
     if name in JOBS and JOBS[name].resume:
         parser.add_argument("--resume", type=str | None, default=None,
-                            help="continue the named run with its stored config (num_workers, use_gpu, "
-                                 "stop_after_epochs, max_failures may change)")
+                            help="continue the named run with its stored config; of the flags given beside it, the "
+                                 "resumable ones (num_workers, use_gpu, cpus_per_worker, placement_strategy, "
+                                 "min_workers, max_failures, stop_after_epochs, …) change it, any other is refused")
     if name == "demo":
         parser.default_config_files = [str(PRESETS / "demo" / "digits_demo.yaml")]
     sub.add_subcommand(name, parser, help=help_line)
@@ -199,6 +200,13 @@ def build_parser(only: str | None = None) -> tuple[ArgumentParser, dict[str, obj
     return parser, found
 
 
+def typed_fields(parser: ArgumentParser, argv: list[str], command: str) -> frozenset[str]:
+    """The dotted names of the fields ``argv`` gives ``command``: its flags and the config files it names, whatever
+    their values (a value equal to the default is given all the same), without the defaults."""
+    given = parser.parse_args(argv, defaults=False)[command]
+    return frozenset(k for k, _ in given.items() if k.split(".")[0] not in ("config", "resume", "__path__"))
+
+
 def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input. ``quiet`` (default:
     when run as a program, i.e. without ``argv``) filters library chatter from the console (``quiet_console``)."""
@@ -217,6 +225,8 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         ns = args[args.command] if args.command in ("data", "models") else parser.instantiate(args)[args.command]
         if args.command in plugin_commands:
             plugin_commands[args.command].run(ns)
+        elif ns.get("resume"):  # the stored run, changed only where this command line says so
+            commands.run_job(args.command, ns, typed_fields(parser, argv, args.command))
         else:
             commands.runner(args.command)(ns)
     except ERRORS as err:

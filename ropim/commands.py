@@ -93,15 +93,21 @@ def run_models(ns: Namespace) -> None:
     print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))
 
 
-def run_job(name: str, ns: Namespace) -> None:
+def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> None:
     """``ropim NAME`` for a training job (``ropim.train.jobs``): everything checked (``prepare``) before torch or Ray
-    is imported, then the job; its last line is its URI or scores, or how to continue it."""
-    from ropim.train.jobs import JOBS, prepare, resume_config
+    is imported, then the job; its last line is its URI or scores, or how to continue it. ``--resume RUN`` runs the
+    stored config of RUN, changed only where the command line typed a resumable field (``typed``: the dotted names of
+    the fields it gives)."""
+    from ropim.train.jobs import JOBS, prepare, resumed
 
     job = JOBS[name]
     cfg = config(ns, job.config)
     if job.resume and ns.resume:
-        cfg = resume_config(job, ns.resume, cfg.storage_path, **{k: getattr(cfg, k) for k in job.config.RESUMABLE})
+        cfg, changes = resumed(job, ns.resume, cfg, set(typed))
+        if changes:
+            print(f"[{name}] --resume {ns.resume}: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new)
+                                                               in changes.items()) + " (typed); the rest as stored",
+                  flush=True)
     prepared = prepare(cfg)
     from ropim.train.driver import run
 

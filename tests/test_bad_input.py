@@ -13,6 +13,8 @@ from PIL import Image
 from support import encoder_folder, run_cli_forked
 
 from ropim.checks import visible_gpus
+from ropim.tracking.runs import write_run_meta
+from ropim.train.pretrain.config import PretrainConfig
 
 PRE = ("pretrain", "--preset", "digits_demo")
 FT = ("finetune", "--preset", "digits_demo", "--encoder", "ENC")
@@ -58,6 +60,10 @@ CASES = {  # id: (argv, what the one line must name)
     "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
                                  "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
+    "resume with another rho": (("pretrain", "--resume", "stored", "--model.rho", "0.5"),
+                                "--resume stored: model.rho=0.5 (stored 0.14285714285714285) cannot change"),
+    "resume with more epochs": (("pretrain", "--resume", "stored", "--epochs", "20", "--num_workers", "1"),
+                                "epochs=20 (stored 10) cannot change when continuing a run"),
     "batch larger than the data": ((*PRE, "--global_batch_size", "4096"),
                                    "global_batch_size=4096 exceeds the training split"),
     "fine-tune batch larger than the data": ((*FT, "--batch_size", "4096"),
@@ -160,6 +166,8 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "CLF" / "classifier.safetensors").write_bytes(b"")
     (work / "CLF" / "config.json").write_text('{"arch": "vit_tiny_patch16_224", "num_classes": 10}')
     write_seg_fixtures(work)
+    stored = PretrainConfig(run_name="stored", storage_path=str(work / "ray_results"))  # a run `--resume` continues
+    write_run_meta(stored.storage_path, "stored", {"run_id": "0" * 32, "config": stored.to_dict()})
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     (work / "twice.yaml").write_text("model:\n  rho: 0.2\n  rho: 0.3\n")
     (work / "list.yaml").write_text("- epochs: 3\n- seed: 1\n")

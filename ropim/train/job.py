@@ -111,7 +111,7 @@ class JobConfig:
     # fields that may differ when a named run is continued; everything else must match the stored config
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
-                                            *SPEED_FLAGS)
+                                            "wait_for_resources", *SPEED_FLAGS)
 
     compile: bool = False  # torch.compile the model's training forward and backward (the first steps compile)
     adamw: str = "default"  # AdamW kernels: default (torch's choice: foreach on CUDA, a loop on CPU), foreach, fused

@@ -155,3 +155,30 @@ def resume_config(job: Job, run_name: str, storage_path: str = "ray_results", **
     if meta is None:
         raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
     return dataclasses.replace(job.config.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
+
+
+def field_value(cfg: object, name: str) -> object:
+    """The value of a dotted field name (``model.rho``) in a config."""
+    for part in name.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
+def resumed(job: Job, run_name: str, given: JobConfig, typed: set[str]) -> tuple[JobConfig, dict]:
+    """``--resume run_name``: the run's stored config, every field kept but the resumable ones the command line
+    typed (``typed``: dotted field names; their values are in ``given``, storage_path the one the run is under), and
+    those changes {field: (stored, typed)}. ConfigError naming each other typed field whose value differs from the
+    stored one: what a run computes cannot change halfway."""
+    stored = resume_config(job, run_name, given.storage_path)
+    now, before = given.resolved(), stored.resolved()
+    fixed = sorted(k for k in typed if k.split(".")[0] not in job.config.RESUMABLE
+                   and field_value(now, k) != field_value(before, k))
+    if fixed:
+        changed = ", ".join(f"{k}={field_value(now, k)!r} (stored {field_value(before, k)!r})" for k in fixed)
+        raise ConfigError(f"--resume {run_name}: {changed} cannot change when continuing a run (only "
+                          f"{', '.join(job.config.RESUMABLE)} may); drop {' '.join('--' + k for k in fixed)}, or "
+                          "start a new run with another --run_name")
+    names = {k.split(".")[0] for k in typed} & set(job.config.RESUMABLE)
+    changes = {k: (getattr(stored, k), getattr(given, k)) for k in sorted(names)
+               if getattr(given, k) != getattr(stored, k)}
+    return dataclasses.replace(stored, **{k: new for k, (_, new) in changes.items()}), changes

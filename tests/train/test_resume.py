@@ -70,3 +70,67 @@ def test_resume_config_takes_only_resumable_changes(workdir):
         resume_config(JOBS["pretrain"], "ghost", "ray_results", num_workers=1, cpus_per_worker=0.5)
     with pytest.raises(ConfigError, match="epochs cannot change"):
         resume_config(JOBS["pretrain"], "crash", "ray_results", epochs=5)
+
+
+# a pretraining stored as a GPU cluster ran it: what `--resume NAME` must bring back unless the command line says so
+GPU_RUN = dict(num_workers=16, use_gpu=True, cpus_per_worker=4.0, placement_strategy="SPREAD", min_workers=8,
+               max_failures=3, global_batch_size=512, epochs=300, warmup_epochs=10, async_checkpoint=True)
+
+
+@pytest.fixture
+def gpu_run(workdir, monkeypatch) -> dict:
+    """A run ``gpu16`` under ``runs/``, stored with a 16-GPU shape (``ropim_run.json``: what ``open_run`` writes and
+    ``--resume`` reads); ``ropim pretrain`` then stops where the driver would start (the config it was handed
+    recorded), on a cluster's driver (RAY_ADDRESS: the workers' GPUs are the cluster's)."""
+    from ropim.errors import ConfigError
+    from ropim.tracking.runs import write_run_meta
+    from ropim.train.pretrain.config import PretrainConfig
+
+    stored = PretrainConfig(run_name="gpu16", storage_path="runs", **GPU_RUN).resolved()
+    write_run_meta("runs", "gpu16", {"run_id": "0" * 32, "config": stored.to_dict()})
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    handed: dict = {}
+
+    def driver(prepared):
+        handed["cfg"] = prepared.cfg
+        raise ConfigError("stopped where the driver starts")
+
+    monkeypatch.setattr("ropim.train.driver.run", driver)
+    return handed
+
+
+def resume(*flags: str) -> str:
+    """``ropim pretrain --resume gpu16 --storage_path runs FLAGS`` as typed (the command printed after a stop): its
+    last line."""
+    from ropim.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["pretrain", "--resume", "gpu16", "--storage_path", "runs", *flags])
+    return str(ended.value)
+
+
+def test_resume_keeps_every_stored_field_unless_typed(gpu_run, capsys):
+    assert resume() == "ropim pretrain: stopped where the driver starts"  # pre-flight passed
+    cfg = gpu_run.pop("cfg")
+    assert {k: getattr(cfg, k) for k in GPU_RUN} == GPU_RUN  # the GPU shape, not the command line's defaults
+    assert cfg.stop_after_epochs is None and capsys.readouterr().out == ""  # nothing typed, nothing changed
+
+    # typed resumable flags override, even at their default values (max_failures 1, use_gpu false), and say so
+    resume("--max_failures", "1", "--num_workers", "8", "--use_gpu", "false", "--stop_after_epochs", "2")
+    cfg = gpu_run.pop("cfg")
+    assert (cfg.max_failures, cfg.num_workers, cfg.use_gpu, cfg.stop_after_epochs) == (1, 8, False, 2)
+    assert (cfg.min_workers, cfg.placement_strategy, cfg.cpus_per_worker) == (8, "SPREAD", 4.0)  # the rest stored
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said == ["[pretrain] --resume gpu16: max_failures 3 -> 1, num_workers 16 -> 8, stop_after_epochs None "
+                    "-> 2, use_gpu True -> False (typed); the rest as stored"]
+
+
+def test_resume_refuses_a_typed_field_the_run_cannot_change_before_ray(gpu_run):
+    said = resume("--model.rho", "0.5", "--num_workers", "2")
+    assert said.startswith("ropim pretrain: --resume gpu16: model.rho=0.5 (stored 0.14") and "\n" not in said
+    assert "cannot change when continuing a run" in said and "drop --model.rho" in said
+    assert "cfg" not in gpu_run  # refused before the driver: no Ray, no MLflow run
+    said = resume("--epochs", "10", "--base_lr", "2e-3")  # 10: pretraining's default, typed
+    assert "base_lr=0.002 (stored 0.001), epochs=10 (stored 300)" in said and "drop --base_lr --epochs" in said
+    assert resume("--epochs", "300", "--model.rho", str(1 / 7)) == "ropim pretrain: stopped where the driver starts"
+    assert gpu_run["cfg"].epochs == 300  # typed as stored: nothing changes, nothing refused
