@@ -64,6 +64,10 @@ class LoopConfig:
     tf32: bool = False
     async_checkpoint: bool = False  # Ray Train: checkpoints upload while the next epoch trains
     schedule: str = "cosine"  # after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
+    # False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM and
+    # fine-tuning); True: it spans the steps after the warm-up (MoCo v3's and LGP's adjust_learning_rate: the decay
+    # starts at the peak and runs over the remaining epochs)
+    warmup_prefix: bool = False
 
     @classmethod
     def of(cls, job: object, **fields) -> LoopConfig:

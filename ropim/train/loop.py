@@ -4,8 +4,8 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
     restore the latest checkpoint → agree on the steps per epoch (the fewest any worker's data lists) → for each
     epoch: seed (seed, epoch, rank) → optimizer steps of ``accum_steps`` micro batches, fetched first, while every
     worker has them (the task's ``before_step``, autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly
-    (power 1) schedule per step, a progress line every ``log_every`` steps) → epoch stats over all workers →
-    evaluation when due → rank 0's epoch hook → checkpoint when due → report.
+    (power 1) schedule per step, over all steps or after the warm-up, a progress line every ``log_every`` steps) →
+    epoch stats over all workers → evaluation when due → rank 0's epoch hook → checkpoint when due → report.
 
 Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
@@ -105,9 +105,11 @@ class Loop:
             raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
         self.total_steps = cfg.epochs * self.steps
         schedule, shape = {"cosine": (CosineLRScheduler, {}), "poly": (PolyLRScheduler, {"power": 1.0})}[cfg.schedule]
-        self.scheduler = schedule(self.optimizer, t_initial=self.total_steps, lr_min=cfg.min_lr,
-                                  warmup_t=round(cfg.warmup_epochs * self.steps), warmup_lr_init=cfg.min_lr,
-                                  t_in_epochs=False, **shape)  # timm's, stepped per optimizer step
+        warmup = round(cfg.warmup_epochs * self.steps)
+        decay = max(1, self.total_steps - warmup) if cfg.warmup_prefix else self.total_steps
+        self.scheduler = schedule(self.optimizer, t_initial=decay, lr_min=cfg.min_lr, warmup_t=warmup,
+                                  warmup_lr_init=cfg.min_lr, warmup_prefix=cfg.warmup_prefix, t_in_epochs=False,
+                                  **shape)  # timm's, stepped per optimizer step
         self.scheduler.step_update(self.step)
         self.amp_dtype = autocast_dtype(self.precision)
         task.total_steps, task.amp_dtype = self.total_steps, self.amp_dtype  # what the task may plan by

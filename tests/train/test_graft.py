@@ -5,6 +5,7 @@ momentum branch included), and the grafted encoder registered with its lineage a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,30 @@ def test_lower_blocks_learn_at_the_ratio_as_the_optimizer_holds_it(first_stage, 
             assert lr[lower] == pytest.approx(0.1 * upper)
     assert "encoder.patch_embed.proj.weight" not in lrs()  # frozen (MoCo v3's fix): not in the optimizer
     assert not any(n.startswith("momentum_") for n in lrs())  # moved by EMA, not by gradients
+
+
+def moco_v3_lr(peak: float, epoch: float, warmup: float, epochs: int) -> float:
+    """MoCo v3's ``adjust_learning_rate`` (main_moco.py; LGP's main_pretrain.py alike) at a fractional epoch: linear
+    from 0 over the warm-up, then a half cosine to 0 over the remaining epochs."""
+    if epoch < warmup:
+        return peak * epoch / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (epoch - warmup) / (epochs - warmup)))
+
+
+def test_the_learning_rate_follows_moco_v3s_schedule_per_step(first_stage, tmp_path):
+    cfg = tiny_graft(first_stage[0], epochs=4, max_steps_per_epoch=4, warmup_epochs=1.5, lower_blocks=2)
+    task = GraftTask({"cfg": cfg.to_dict(), "run_id": "", "tracking_uri": store.tracking_uri(),
+                      "run_dir": str(tmp_path)}, LocalWorker(tmp_path, 1))
+    loop = Loop(task, cfg.loop(), task.worker)
+    assert loop.steps == 4 and loop.total_steps == 16
+    for step in (0, 3, 6, 7, 10, 15):  # warm-up, its last step, the peak, the cosine after it, the last step
+        loop.scheduler.step_update(step)  # the rate optimizer step ``step`` (0-based) trains at: epoch step / 4
+        want = moco_v3_lr(cfg.lr, step / loop.steps, cfg.warmup_epochs, cfg.epochs)
+        lrs = {g["name"]: g["lr"] for g in loop.optimizer.param_groups}
+        assert lrs["upper_decay"] == pytest.approx(want, rel=1e-9, abs=1e-15), step
+        assert lrs["lower_decay"] == pytest.approx(cfg.lower_lr_ratio * want, rel=1e-9, abs=1e-15), step
+    pretrain = PretrainConfig(warmup_epochs=10, epochs=300).loop()
+    assert not pretrain.warmup_prefix  # pretraining keeps timm's cosine over all steps, as the paper's code builds it
 
 
 def test_momentum_moves_once_per_optimizer_step_under_accumulation(first_stage, tmp_path, monkeypatch):
