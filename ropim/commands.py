@@ -116,7 +116,7 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
         print(f"unfinished: {prepared.resume_hint}")
     else:
         print(job.scores.format(**result.metrics, model_uri=result.model_uri, run_id=result.run_id) if job.scores
-              else result.model_uri)
+              else result.model_uri or result.checkpoint_path)
 
 
 def run_probe(ns: Namespace) -> None:

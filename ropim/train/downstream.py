@@ -1,6 +1,6 @@
 """What the jobs and flows that start from an encoder share (fine-tune, graft, segment, probe, transfer): checking an
-encoder against the data, the classifier's registry config, logging per-class results to MLflow, the run's tags, and
-tagging the encoder version with its downstream score."""
+encoder against the data, the classifier's registry config, the final evaluation a checkpoint holds, logging per-class
+results to MLflow, the run's tags, and tagging the encoder version with its downstream score."""
 
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ def log_results(run_id: str, confusion, classes: list[str], tracking: str, *, pr
         c.log_artifact(run_id, str(Path(tmp, f"{prefix}confusion.png")))
         c.log_artifact(run_id, str(Path(tmp, f"{prefix}confusion.json")))
     return report
+
+
+def final_eval(folder: Path) -> dict:
+    """The final evaluation a fine-tune's or segmentation's last checkpoint holds (its ``metrics.json``)."""
+    return json.loads((folder / "metrics.json").read_text())["eval"]
 
 
 def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:

@@ -107,13 +107,16 @@ def tags(p: Prepared) -> dict[str, str]:
 
 
 def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> JobResult:
-    """Register the result of a run whose last epoch is done (unless ``register`` is false), or mark it stopped;
-    record the outcome."""
+    """Log the final results of a run whose last epoch is done and register it (unless ``register`` is false; only the
+    results when its ``registered_model`` is ""), or mark it stopped; record the outcome."""
     cfg, uri = p.cfg, None
     if result.metrics.get("epoch") == cfg.epochs and result.checkpoint is not None:
         if register:
             with result.checkpoint_dir() as folder:
-                uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+                if p.job.results:
+                    p.job.load("results")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+                if cfg.registered_model:  # "" = do not register, for every job
+                    uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
         if uri:
             store.set_tags(mlflow_run.run_id, {p.job.model_tag: uri}, p.tracking)
         mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics)

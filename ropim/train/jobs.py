@@ -38,7 +38,8 @@ class Job:
     config: type[JobConfig]
     task: str  # its Task class in ``ropim.train.<name>.task``, imported where it runs
     # its register function in ``ropim.train.<name>.register``: (config, encoder ref or None, MLflow run id, final
-    # checkpoint folder, tracking URI) → the registered URI, or None; it also logs the job's final results
+    # checkpoint folder, tracking URI) → the registered URI, or None; the driver calls it unless the config's
+    # ``registered_model`` is "" (every job: "" = do not register)
     register: str
     model: str  # what it registers: encoder | classifier | segmenter
     description: str  # ``ropim <name> --help``
@@ -47,6 +48,8 @@ class Job:
     tag: str = ""  # the run tag holding the registered URI (default ``ropim.<model>_uri``)
     config_artifact: str = ""  # where the run keeps its config (default ``config/<name>.json``)
     resume: bool = False  # ``ropim <name> --resume RUN`` continues a run with its stored config
+    # its function in ``register.py`` that logs the final results (same arguments, returns None), registered or not
+    results: str = ""
 
     @property
     def name(self) -> str:
@@ -72,8 +75,10 @@ class Job:
         return self.config_artifact or f"config/{self.name}.json"
 
     def load(self, what: str):
-        """Its Task class (``what`` = "task") or its register function ("register"), imported."""
-        return getattr(importlib.import_module(f"ropim.train.{self.name}.{what}"), getattr(self, what))
+        """Its Task class (``what`` = "task": from ``task.py``), its register function ("register") or its results
+        function ("results"), both from ``register.py``, imported."""
+        module = "task" if what == "task" else "register"
+        return getattr(importlib.import_module(f"ropim.train.{self.name}.{module}"), getattr(self, what))
 
 
 REGISTERS = "models:/name/version, models:/name@alias, runs:/…, or a local folder"
@@ -84,7 +89,8 @@ JOBS: dict[str, Job] = {job.name: job for job in (
     Job(FinetuneConfig, "FinetuneTask", "register_classifier", "classifier",
         f"Fine-tune a classifier from an encoder ({REGISTERS}) on Ray Train (num_workers=0: in this process); "
         "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5",
-        scores="top-1 {top1:.2f}%  top-5 {top5:.2f}%  classifier {model_uri}  (MLflow run {run_id})"),
+        scores="top-1 {top1:.2f}%  top-5 {top5:.2f}%  classifier {model_uri}  (MLflow run {run_id})",
+        results="log_classifier_results"),
     Job(GraftConfig, "GraftTask", "register_graft", "encoder",
         f"LGP-ROPIM's second stage: MoCo v3 on an encoder ({REGISTERS}), its lower blocks at a fraction of the "
         "learning rate (Layer Grafted Pre-training), on Ray Train; register the result as a new encoder version "
@@ -94,7 +100,8 @@ JOBS: dict[str, Job] = {job.name: job for job in (
         "Semantic segmentation transfer: UperNet on an encoder (the paper's ADE20K protocol), on Ray Train "
         "(num_workers=0: in this process); register it as ropim-segmenter.",
         "train UperNet from an encoder URI and report mIoU / pixel accuracy",
-        scores="mIoU {miou:.2f}%  pixel accuracy {pixel_acc:.2f}%  segmenter {model_uri}  (MLflow run {run_id})"),
+        scores="mIoU {miou:.2f}%  pixel accuracy {pixel_acc:.2f}%  segmenter {model_uri}  (MLflow run {run_id})",
+        results="log_segment_results"),
 )}
 
 

@@ -12,6 +12,7 @@ import pytest
 from support import ROOT, encoder_folder
 
 from ropim.cli import job_commands, job_parser, main
+from ropim.tracking import store
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.jobs import JOBS
 
@@ -44,6 +45,21 @@ def test_a_job_validates_its_config_once(workdir, monkeypatch, capsys):
           "--run_name", "once"])
     assert calls == ["once"]
     assert capsys.readouterr().out.splitlines()[-1].startswith("top-1 ")
+
+
+def test_an_empty_registered_model_registers_nothing_for_pretraining_too(workdir, capsys):
+    """`ropim pretrain --registered_model ""`: "" means "do not register" for every job (the driver's rule); before,
+    pretraining trained to the end and died in MLflow's `Missing value for required parameter 'name'`."""
+    main(["pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "1",
+          "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0", "--registered_model", "",
+          "--run_name", "unregistered"])
+    said = capsys.readouterr().out.splitlines()
+    folder = workdir / "ray_results" / "unregistered" / "in_process" / "checkpoint_000001"
+    assert said[-2:] == [f"[pretrain] finished, nothing registered: {folder}", str(folder)]
+    c = store.client()
+    run = c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id], "attributes.run_name = "
+                        "'unregistered'")[0]
+    assert run.info.status == "FINISHED" and not c.search_model_versions(f"run_id='{run.info.run_id}'")
 
 
 def test_every_job_has_its_ray_job_entry():

@@ -31,9 +31,7 @@ def grafted_config(cfg: GraftConfig, ref: EncoderRef, first_run: str) -> dict:
 
 def register_graft(cfg: GraftConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
     """The job's register function (``ropim.train.jobs``): the encoder of the final graft checkpoint ``folder`` (the
-    base encoder only) as a new version with its lineage, unless ``registered_model`` is ""."""
-    if not cfg.registered_model:
-        return None
+    base encoder only) as a new version of ``registered_model`` with its lineage."""
     state = load_file(str(folder / "model.safetensors"))
     encoder = {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
     config = grafted_config(cfg, ref, source_run(ref, tracking))

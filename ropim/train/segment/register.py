@@ -1,6 +1,7 @@
-"""What a segmentation leaves (``register_segmenter``, the job's register function): the final checkpoint's scores,
-per-class IoU and a picture in MLflow, the segmenter registered (``ropim-segmenter``, loaded without pickle), the
-encoder version tagged with ``downstream.<dataset>.miou``."""
+"""What a segmentation leaves: the final checkpoint's scores, per-class IoU and a picture in MLflow, the encoder
+version tagged with ``downstream.<dataset>.miou`` (``log_segment_results``, the job's results function), the
+segmenter registered (``register_segmenter``, the job's register function: ``ropim-segmenter``, loaded without
+pickle)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ropim.eval.segmentation import predict_logits
 from ropim.tracking import store
 from ropim.tracking.encoders import EncoderRef
 from ropim.tracking.segmenters import register_segmenter as register_segmenter_files
-from ropim.train.downstream import tag_version
+from ropim.train.downstream import final_eval, tag_version
 from ropim.train.job import dataset_name
 from ropim.train.segment.config import SegmentConfig
 from ropim.viz.segmentation import segmentation_png
@@ -49,12 +50,11 @@ def log_picture(cfg: SegmentConfig, run_id: str, model: torch.nn.Module, classes
         store.log_artifact(run_id, path, uri=tracking)
 
 
-def register_segmenter(cfg: SegmentConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
-    """The job's register function (``ropim.train.jobs``): log the final scores, per-class IoU (JSON) and the picture
-    of the final checkpoint ``folder``, register the segmenter (unless ``registered_model`` is "" or the encoder was not
-    loaded), tag the encoder version with the mIoU."""
-    name = dataset_name(cfg.data)
-    ev = json.loads((folder / "metrics.json").read_text())["eval"]
+def log_segment_results(cfg: SegmentConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> None:
+    """The job's results function (``ropim.train.jobs``): the final scores, per-class IoU (JSON) and the picture of
+    the final checkpoint ``folder``, and the encoder version tagged with the mIoU (unless the encoder was not
+    loaded)."""
+    name, ev = dataset_name(cfg.data), final_eval(folder)
     store.log_metrics(run_id, {"final_miou": ev["miou"], "final_pixel_acc": ev["pixel_acc"]}, ev["epoch"], tracking)
     store.log_text(run_id, json.dumps({"classes": ev["classes"], "per_class_iou": ev["per_class_iou"],
                                        "miou": ev["miou"], "pixel_acc": ev["pixel_acc"]}, indent=2),
@@ -64,14 +64,20 @@ def register_segmenter(cfg: SegmentConfig, ref: EncoderRef, run_id: str, folder:
     model.load_state_dict(state)
     log_picture(cfg, run_id, model.eval(), ev["classes"], tracking,
                 f"{cfg.kind} of {ref.label} on {name}: mIoU {ev['miou']:.2f}%")
-    uri = None
-    if cfg.registered_model and not cfg.random_init:
-        config = {**ev["segmenter"], "classes": ev["classes"], "img_size": cfg.crop_size, "dataset": name,
-                  "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "encoder_uri": ref.pinned,
-                  "encoder_name": ref.name or "", "encoder_version": ref.version or "",
-                  "backbone": ref.config.get("backbone", ""), "miou": round(ev["miou"], 4),
-                  "pixel_acc": round(ev["pixel_acc"], 4)}
-        uri = register_segmenter_files(run_id, state, config, cfg.registered_model, tracking)
     if not cfg.random_init:
         tag_version(ref, {f"downstream.{name}.miou": ev["miou"]}, tracking)
-    return uri
+
+
+def register_segmenter(cfg: SegmentConfig, ref: EncoderRef, run_id: str, folder: Path, tracking: str) -> str | None:
+    """The job's register function (``ropim.train.jobs``): the segmenter of the final checkpoint ``folder`` as a new
+    version of ``registered_model``, or None when the encoder was not loaded (random init)."""
+    if cfg.random_init:
+        return None
+    ev = final_eval(folder)
+    config = {**ev["segmenter"], "classes": ev["classes"], "img_size": cfg.crop_size, "dataset": dataset_name(cfg.data),
+              "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "encoder_uri": ref.pinned,
+              "encoder_name": ref.name or "", "encoder_version": ref.version or "",
+              "backbone": ref.config.get("backbone", ""), "miou": round(ev["miou"], 4),
+              "pixel_acc": round(ev["pixel_acc"], 4)}
+    return register_segmenter_files(run_id, load_file(str(folder / "model.safetensors")), config,
+                                    cfg.registered_model, tracking)
