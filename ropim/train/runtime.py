@@ -20,6 +20,7 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note
+from ropim.train.checkpoint import forget_missing
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -217,6 +218,7 @@ def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> Fi
     the loop stopped on a non-finite loss (``ropim.train.guard``)."""
     folder = loop_config["run_dir"]
     take_stop(folder)  # a stop recorded by an earlier job of this run is history
+    forget_missing(folder)  # Ray Train's list of the run's checkpoints: those deleted since are dropped
     result = run_fit(fn, loop_config, job, **trainer_kwargs)
     stop = take_stop(folder)
     if stop is not None:

@@ -4,7 +4,9 @@ here with Ray Data ingest from Parquet, 2 workers on 2 CPUs (the setting that us
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 
 import pytest
@@ -12,6 +14,7 @@ from support import tiny_pretrain
 
 from ropim.data.config import DataConfig
 from ropim.data.convert import convert
+from ropim.errors import ConfigError
 from ropim.tracking import store
 from ropim.train.driver import run
 
@@ -134,3 +137,28 @@ def test_resume_refuses_a_typed_field_the_run_cannot_change_before_ray(gpu_run):
     assert "base_lr=0.002 (stored 0.001), epochs=10 (stored 300)" in said and "drop --base_lr --epochs" in said
     assert resume("--epochs", "300", "--model.rho", str(1 / 7)) == "ropim pretrain: stopped where the driver starts"
     assert gpu_run["cfg"].epochs == 300  # typed as stored: nothing changes, nothing refused
+
+
+def test_a_deleted_newest_checkpoint_falls_back_to_the_previous_one_on_ray(workdir, ray_session, capsys):
+    cfg = tiny_pretrain(run_name="deleted", epochs=3, max_steps_per_epoch=2, num_workers=1)
+    first = run(dataclasses.replace(cfg, stop_after_epochs=2))  # two committed checkpoints: epochs 1 and 2
+    folder = workdir / "ray_results" / "deleted"
+    kept = sorted(p.name for p in folder.glob("checkpoint_*") if p.is_dir())
+    assert len(kept) == 2 and first.checkpoint_path == str(folder / kept[1])
+    shutil.rmtree(folder / kept[1])  # the newest, gone
+    capsys.readouterr()
+    result = run(cfg)  # before: Ray's CheckpointManagerInitializationError
+    said = [line for line in capsys.readouterr().out.splitlines() if "missing" in line]
+    assert said == [f"{folder}: {kept[1]} is missing; the run continues from {kept[0]}, the newest checkpoint left"]
+    assert result.metrics["epoch"] == 3 and result.metrics["step"] == 6 and result.model_uri is not None
+    steps = store.client().get_metric_history(result.run_id, "step")
+    assert sorted((m.step, m.value) for m in steps) == [(1, 2), (2, 4), (3, 6)]  # epoch 2 again, recorded once
+
+    from ropim.train.checkpoint import forget_missing  # what the runtime calls before Ray Train reads the list
+
+    shutil.copytree(folder, workdir / "left")  # every checkpoint gone: one line, not a run started over
+    for checkpoint in (p for p in (workdir / "left").glob("checkpoint_*") if p.is_dir()):
+        shutil.rmtree(checkpoint)
+    with pytest.raises(ConfigError, match=r"^no checkpoint of this run is left: checkpoint_\S+, checkpoint_\S+ "
+                                          r"missing from .*left; move the run's folder away"):
+        forget_missing(str(workdir / "left"))
