@@ -204,7 +204,7 @@ def typed_fields(parser: ArgumentParser, argv: list[str], command: str) -> froze
     """The dotted names of the fields ``argv`` gives ``command``: its flags and the config files it names, whatever
     their values (a value equal to the default is given all the same), without the defaults."""
     given = parser.parse_args(argv, defaults=False)[command]
-    return frozenset(k for k, _ in given.items() if k.split(".")[0] not in ("config", "resume", "__path__"))
+    return frozenset(k for k, _ in given.items() if k not in ("config", "resume"))
 
 
 def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
