@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,8 +51,10 @@ def register_model(
     register a new version of ``name``; return its ``models:/name/version`` URI.
 
     ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
-    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only). ``code_paths``: Python files
-    shipped with the model (importable by ``code`` when it loads), ``requirements``: its pip requirements.
+    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only), with ``kind`` (what the card and
+    pre-flight go by). ``code_paths``: Python files shipped with the model (importable by ``code`` when it loads),
+    ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
+    stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
     """
     c = client(uri)
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,13 +67,14 @@ def register_model(
                                     artifacts={"weights": str(weights), "config": str(cfg_file)},
                                     pip_requirements=list(requirements),
                                     code_paths=[str(p) for p in code_paths] or None,
-                                    signature=signature(config), input_example=input_example(config))
+                                    signature=signature(config))
     with registry_lines_muted():
         version = str(retrying(mlflow.register_model)(info.model_uri, name).version)
     for k, v in flatten(config).items():
         if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
             continue
         c.set_model_version_tag(name, version, k, str(v))
+    c.set_model_version_tag(name, version, "kind", kind)
     c.set_model_version_tag(name, version, "run_id", run_id)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
@@ -90,8 +94,10 @@ def registry_lines_muted() -> Iterator[None]:
 
 
 def log_pyfunc(run_id: str, **kwargs):
-    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``."""
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``, without MLflow's warning that no input example was
+    given (``register_model`` says why)."""
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
         return mlflow.pyfunc.log_model(**kwargs)
 
 
@@ -117,13 +123,6 @@ def signature(config: dict) -> ModelSignature:
     out = (-1, width, size, size) if config.get("kind") == "segmenter" else (-1, width)
     return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, chans, size, size))]),
                           outputs=Schema([TensorSpec(np.dtype(np.float32), out)]))
-
-
-def input_example(config: dict) -> np.ndarray:
-    """One black normalized image of the model's input size (the pyfunc's input example)."""
-    kwargs = config["timm_kwargs"]
-    size = kwargs.get("img_size", config.get("img_size"))
-    return np.zeros((1, kwargs.get("in_chans", 3), size, size), np.float32)
 
 
 def register_encoder(
