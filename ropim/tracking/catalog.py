@@ -87,7 +87,7 @@ def show(model_uri: str, uri: str | None = None) -> str:
     if name is None:
         raise LookupError(f"{model_uri}: give models:/name/version or models:/name@alias")
     mv = client(uri).get_model_version(name, version)
-    folder = local_copy(f"models:/{name}/{version}", "encoder", uri)
+    folder = local_copy(f"models:/{name}/{version}", kind_of(mv.tags or {}), uri)
     found = next(folder.rglob("config.json"), None)
     if found is None:
         raise LookupError(f"{model_uri}: not a ropim model (version {version} of {name!r} holds no config.json); "

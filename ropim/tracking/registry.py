@@ -21,8 +21,8 @@ from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
-from ropim.tracking.cards import card, first_stage
-from ropim.tracking.model_folder import check_local_model, model_files
+from ropim.tracking.cards import card, first_stage, kind_of
+from ropim.tracking.model_folder import MODEL_KINDS, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
 from ropim.tracking.uri import check_model_in_store
@@ -175,20 +175,26 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
 
 
 def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
-    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder);
-    the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
+    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder)
+    or at another kind of model (a registered version's ``kind``, a ``runs:/<id>/<kind>`` path); the local folder
+    when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = check_local_model(model_uri, kind)
     if local is not None:
         return local
     check_model_in_store(model_uri, kind, uri or tracking_uri())
     c = client(uri)
-    resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
+    version = resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
+    found = kind_of(c.get_model_version(*version).tags or {}) if version else kind
     if model_uri.startswith("runs:/"):
-        run_id = model_uri.removeprefix("runs:/").split("/", 1)[0]
+        run_id, _, path = model_uri.removeprefix("runs:/").partition("/")
         try:
             c.get_run(run_id)
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {run_id!r} at {uri or tracking_uri()}") from None
+        logged_as = path.strip("/").split("/")[0]  # register_model logs each model under its kind
+        found = logged_as if logged_as in MODEL_KINDS else kind
+    if found != kind:
+        raise wrong_kind(model_uri, kind, found)
     return None
 
 
