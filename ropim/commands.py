@@ -120,10 +120,12 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
 
 
 def run_probe(ns: Namespace) -> None:
+    from ropim.data.sources import check_decodes
     from ropim.flows.config import ProbeConfig
 
     cfg = config(ns, ProbeConfig)
     preflight(cfg, [cfg.encoder], lambda uri, encoder: check_encoder_input(uri, encoder, cfg.img_size))
+    check_decodes(cfg.data)
     from ropim.flows.probe import probe
 
     r = probe(cfg)

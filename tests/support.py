@@ -119,6 +119,25 @@ def register_tiny_encoder(workdir: Path) -> tuple[str, Path]:
     return uri, folder
 
 
+def register_tiny_classifier(encoder_uri: str, folder: Path, classes: tuple[str, ...] = ("cat", "dog", "fox")) -> str:
+    """A classifier built on the tiny encoder in ``folder`` (registered as ``encoder_uri``), registered as
+    ``ropim-classifier`` with the config fine-tuning stores; its ``models:/`` URI."""
+    from safetensors.torch import load_file
+
+    from ropim.core.backbone import build_classifier
+    from ropim.tracking import registry, store
+
+    state, config = load_file(str(folder / "encoder.safetensors")), json.loads((folder / "config.json").read_text())
+    clf = build_classifier(config["arch"], config["timm_kwargs"], state, len(classes))
+    run_id = store.create_run("ropim-finetune", "tiny", {})
+    uri = registry.register_classifier(run_id, clf.model.state_dict(), {
+        "arch": clf.name, "timm_kwargs": clf.kwargs, "num_classes": len(classes), "classes": list(classes),
+        "img_size": TINY_MODEL.img_size, "patch_size": TINY_MODEL.patch_size, "dataset": "tiny",
+        "encoder_uri": encoder_uri, "top1": 50.0, "top5": 100.0})
+    store.end_run(run_id)
+    return uri
+
+
 def gen(seed: int = 0):
     """A CPU torch generator seeded with ``seed``."""
     import torch

@@ -1,16 +1,19 @@
 """The catalogue of bad input: every case exits non-zero with one line naming the input, before Ray starts, and
-writes nothing — no MLflow run, no registered version, no ``ray_results/``, no file outside the working folder."""
+writes nothing — no file created or changed anywhere under the working folder's parent: no MLflow store or run, no
+registered version, no lock file, no ``ray_results/``."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from support import encoder_folder, run_cli_forked
+from support import encoder_folder, register_tiny_classifier, register_tiny_encoder, run_cli_forked
 
 from ropim.checks import visible_gpus
 from ropim.tracking.runs import write_run_meta
@@ -80,6 +83,15 @@ CASES = {  # id: (argv, what the one line must name)
     "corrupt image under fail": (("data", "convert", "corrupt", "out", "--on-bad-image", "fail"), "broken.jpg"),
     "convert onto itself": (("data", "convert", "range", "range"), "is the source itself"),
     "convert into the source": (("data", "convert", "corrupt", "corrupt/out"), "inside the source"),
+    # a store that exists (made whole elsewhere: no lock file beside it), holding an encoder and a classifier
+    "missing version in an existing store": (("finetune", "--encoder", "models:/ropim-encoder/999"),
+                                             "no such registered version"),
+    "missing model version in an existing store": (("models", "show", "models:/ropim-encoder/7"),
+                                                   "no such registered version"),
+    "registered classifier as the encoder": ((*FT[:-1], "models:/ropim-classifier/1"),
+                                             "models:/ropim-classifier/1: this is a classifier, where encoder weights"),
+    "logged classifier as the encoder": (("probe", "--encoder", "runs:/CLF_RUN/classifier"),
+                                         "/classifier: this is a classifier, where encoder weights are expected"),
     "missing alias": (("finetune", "--encoder", "models:/ropim-encoder@nope"), "no alias 'nope'"),
     "missing version": (("finetune", "--encoder", "models:/ropim-encoder/999"), "no such registered version"),
     "missing encoder folder": (("finetune", "--encoder", "no/such/encoder"), "no such local folder"),
@@ -126,6 +138,14 @@ CASES = {  # id: (argv, what the one line must name)
     "Parquet shard cut short": ((*PRE, "--data.source", "cut"), "cut/train-00001.parquet cannot be read as Parquet"),
     "Parquet shard cut short, inspect": (("data", "inspect", "cut"), "train-00001.parquet cannot be read as Parquet"),
     "Parquet shard cut short, sweep": (("sweep", "--data.source", "cut"), "train-00001.parquet cannot be read"),
+    # images that do not decode, all of them: found in a sample before anything starts
+    "no image decodes": ((*PRE, "--data.source", "undecodable"),
+                         "undecodable': none of the first 8 images of the training split decodes (s0/0.jpg: "),
+    "no image decodes, probe": (("probe", "--encoder", "ENC", "--data.source", "undecodable"),
+                                "none of the first 8 images of the training split decodes"),
+    "no image decodes, sweep": (("sweep", "--data.source", "undecodable"), "none of the first 8 images"),
+    "no image decodes, inspect": (("data", "inspect", "undecodable"),
+                                  "undecodable': none of the 200 images sampled decodes"),
     "encoder weights cut short": (("finetune", "--preset", "digits_demo", "--encoder", "cut-encoder"),
                                   "cut-encoder/encoder.safetensors cannot be read"),
     "encoder config not JSON": (("probe", "--encoder", "bad-config-encoder"), "config.json cannot be read"),
@@ -173,6 +193,11 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "list.yaml").write_text("- epochs: 3\n- seed: 1\n")
     (work / "syntax.yaml").write_text("epochs: [1\nseed: :\n")
     (work / "binary.yaml").write_bytes(bytes(range(128, 256)))
+    (work / "undecodable").mkdir()  # 200 images (2 shards) that are not images
+    for k in range(2):
+        pq.write_table(pa.table({"image": [b"\xff\xd8\xff\xe0 not a jpeg"] * 100, "label": pa.array([0, 1] * 50),
+                                 "path": [f"s{k}/{i}.jpg" for i in range(100)]}),
+                       work / "undecodable" / f"train-{k:05d}.parquet")
     (work / "cut").mkdir()
     shard = pa.table({"image": [b"x"], "label": pa.array([0], pa.int64()), "path": ["a"]})
     for k in range(2):
@@ -184,7 +209,23 @@ def fixtures(tmp_path_factory) -> Path:
     (encoder_folder(work / "bad-config-encoder") / "config.json").write_text('{"arch": "vit_tiny_patch16_224", ')
     wide = encoder_folder(work / "wide-config-encoder") / "config.json"  # ViT-S's config beside ViT-T's weights
     wide.write_text(wide.read_text().replace('"arch": "vit_tiny_patch16_224"', '"arch": "vit_small_patch16_224"'))
+    write_registry(work)
     return work
+
+
+def write_registry(work: Path) -> None:
+    """``registry.db``: a store holding a tiny encoder and a classifier built on it (its run id in ``CLF_RUN``),
+    without the lock file a job creates beside a store it makes (as a copy, or a store ``mlflow server`` made)."""
+    from ropim.tracking import store
+
+    db = work / "registry" / "registry.db"
+    db.parent.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+        uri, folder = register_tiny_encoder(db.parent)
+        classifier = register_tiny_classifier(uri, folder)
+        (work / "CLF_RUN").write_text(store.client().get_model_version("ropim-classifier", classifier[-1]).run_id)
+    db.with_name(db.name + ".lock").unlink()
 
 
 def write_pairs(root: Path, n: int = 3) -> Path:
@@ -217,19 +258,31 @@ def write_seg_fixtures(work: Path) -> None:
     (work / "clf" / "config.json").write_text((work / "enc8" / "config.json").read_text())
 
 
-def written(work: Path) -> set[str]:
-    """Everything under the working folder's parent, except the fixtures' own data sets."""
-    return {str(p.relative_to(work.parent)) for p in work.parent.rglob("*")}
+def written(work: Path) -> dict[str, tuple[int, int] | None]:
+    """Everything under the working folder's parent: each file's size and modification time (folders: None)."""
+    return {str(p.relative_to(work.parent)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else None
+            for p in work.parent.rglob("*")}
+
+
+REGISTRY_CASES = {"missing version in an existing store", "missing model version in an existing store",
+                  "registered classifier as the encoder", "logged classifier as the encoder"}
+
+
+def case_env(case: str, work: Path) -> dict:
+    """The case's MLflow store: a server that is not there, the store holding models, or a store of its own that
+    does not exist (and must not be created)."""
+    if case == "unreachable MLflow":
+        return {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    if case in REGISTRY_CASES:
+        return {"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'registry' / 'registry.db'}"}
+    return {"MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow-{abs(hash(case))}.db"}
 
 
 def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtures):
     before = written(fixtures)
-
-    def env(case: str) -> dict:
-        return {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9" if case == "unreachable MLflow" else
-                f"sqlite:///{fixtures}/mlflow-{abs(hash(case))}.db"}
-
-    procs = run_cli_forked([(list(argv), env(case)) for case, (argv, _) in CASES.items()], cwd=fixtures)
+    run = (fixtures / "CLF_RUN").read_text()
+    procs = run_cli_forked([([a.replace("CLF_RUN", run) for a in argv], case_env(case, fixtures))
+                            for case, (argv, _) in CASES.items()], cwd=fixtures, timeout=900)
     results = dict(zip(CASES, procs, strict=True))
     assert len(CASES) >= 40
     wrong = {}
@@ -239,16 +292,28 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
                 or SECRET in proc.stdout + proc.stderr:
             wrong[case] = (proc.returncode, proc.stderr[-600:])
     assert not wrong, wrong
-    created = written(fixtures) - before
-    stores = {p for p in created if Path(p).name.startswith("mlflow-")}  # a lookup opens the sqlite store, empty
-    assert created - stores == set(), created - stores  # no ray_results, no shards, nothing outside the folder
-    case_of = {f"mlflow-{abs(hash(case))}.db": case for case in CASES}
-    for store_file in (s for s in stores if s.endswith(".db")):  # not the stores' lock files (<store>.lock)
-        from mlflow.tracking import MlflowClient
+    after = written(fixtures)
+    changed = {p: (before.get(p), after.get(p)) for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert not changed, changed  # no store, lock file, run, version, ray_results, shard: nothing outside the folder
 
-        store = f"sqlite:///{fixtures.parent / store_file}"
-        c = MlflowClient(tracking_uri=store, registry_uri=store)  # not the registry an earlier test made global
-        case = case_of.get(Path(store_file).name)
-        assert not c.search_runs([e.experiment_id for e in c.search_experiments()]), case  # no MLflow run
-        versions = c.search_model_versions()
-        assert not versions, (case, store_file, [(v.name, v.version, v.run_id, v.source) for v in versions])
+
+def test_a_classifier_given_as_the_encoder_is_refused_before_torch_is_imported(fixtures):
+    """From the registered version's tags or the logged model's name, in pre-flight: no weights are read."""
+    script = """
+import sys
+from ropim.cli import main
+for argv in ARGVS:
+    try:
+        main(argv)
+    except SystemExit as err:
+        print("EXIT", err)
+print("HEAVY", sorted(m for m in ("torch", "ray", "timm", "safetensors") if m in sys.modules))
+"""
+    run = (fixtures / "CLF_RUN").read_text()
+    argvs = [[*FT[:-1], "models:/ropim-classifier/1"], ["probe", "--encoder", f"runs:/{run}/classifier"]]
+    proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", repr(argvs))], capture_output=True, text=True,
+                          cwd=fixtures, timeout=300,
+                          env={**os.environ, **case_env("registered classifier as the encoder", fixtures)})
+    out = proc.stdout + proc.stderr
+    assert "HEAVY []" in out, out[-3000:]
+    assert out.count("this is a classifier, where encoder weights are expected") == 2, out[-3000:]

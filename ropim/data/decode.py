@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 import numpy as np
 from PIL import Image
@@ -66,3 +67,26 @@ def try_decode(data: bytes | np.ndarray | None, path: str, bad: BadImages) -> Im
         bad.add(path, err)
         return None
 
+
+def undecodable(sample: list[tuple[str, bytes | np.ndarray | None]],
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> list[tuple[str, str]]:
+    """(path, why) of each image of ``sample`` ((path, data or None for an unreadable file) pairs) that
+    ``decode_rgb`` refuses."""
+    bad = []
+    for path, data in sample:
+        try:
+            if data is None:
+                raise OSError("unreadable file")
+            decode_rgb(data, max_pixels)
+        except Exception as err:  # noqa: BLE001 — any decoder failure makes the image bad
+            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", (str(err).splitlines() or [""])[0])
+            bad.append((path, why or type(err).__name__))
+    return bad
+
+
+def none_decode(source: str, what: str, bad: list[tuple[str, str]]) -> ConfigError:
+    """The one error for a source none of whose sampled images (``what``: which ones) decodes."""
+    path, why = bad[0]
+    return ConfigError(f"data source {source!r}: none of {what} decodes ({path}: {why}); a data set's images must be "
+                       "JPEG, PNG, WebP, BMP or GIF files (in Parquet: their encoded bytes in the 'image' column): "
+                       "replace them, or write the shards again from the original images (`ropim data convert`)")

@@ -1,4 +1,5 @@
-"""``ropim data inspect PATH``: format, images per split, classes, image size statistics of a source."""
+"""``ropim data inspect PATH``: format, images per split, classes, image size statistics of a source and how many of
+its images do not decode, in a sample."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from PIL import Image
 
 from ropim.data.config import DataConfig
+from ropim.data.decode import none_decode, undecodable
 from ropim.data.lists import ParquetList
 from ropim.data.sources import open_source, split_list
 
@@ -24,26 +26,30 @@ def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
 
 
 def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
-    """A summary of the source: format, split rule, images per split, classes, sizes of ``sample`` images.
+    """A summary of the source: format, split rule, images per split, classes, sizes of ``sample`` images and how
+    many of them do not decode.
 
-    Sizes come from image headers (no decoding) of up to ``sample`` images spread over both splits
-    (over the first two shards of each split for Parquet, so a remote data set is not read whole).
+    Up to ``sample`` images spread over both splits are decoded (over the first two shards of each split for
+    Parquet, so a remote data set is not read whole); sizes and modes come from their headers. ConfigError naming
+    the source when none of them decodes.
     """
     cfg = cfg.resolved().validate()
     src = open_source(cfg)
     splits = {s: split_list(src, cfg, s, cache_files=1) for s in ("train", "val")}
     total = sum(len(v) for v in splits.values())
-    sizes = []
+    picked = []
     for images in splits.values():
         span = int(images.offsets[min(2, len(images.files))]) if isinstance(images, ParquetList) else len(images)
         k = min(span, max(1, round(sample * len(images) / total)))
         for i in np.unique(np.linspace(0, span - 1, k).astype(int)):
             try:
-                s = _size(images.load(int(i)))
+                picked.append((images.paths[i], images.load(int(i))))
             except OSError:
-                s = None
-            if s:
-                sizes.append(s)
+                picked.append((images.paths[i], None))
+    bad = undecodable(picked, cfg.max_pixels)
+    if picked and len(bad) == len(picked):
+        raise none_decode(cfg.source, f"the {len(picked)} images sampled", bad)
+    sizes = [s for s in (_size(data) for _, data in picked if data is not None) if s]
     w = np.array([s[0] for s in sizes]) if sizes else np.zeros(0)
     h = np.array([s[1] for s in sizes]) if sizes else np.zeros(0)
     modes = sorted({s[2] for s in sizes})
@@ -57,6 +63,7 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
         "images": {s: len(v) for s, v in splits.items()},
         "num_classes": len(src.classes), "classes": list(src.classes),
         "image_size": {"sampled": len(sizes), "width": stats(w), "height": stats(h), "modes": modes},
+        "undecodable": {"sampled": len(picked), "count": len(bad), "first": [f"{p}: {why}" for p, why in bad[:5]]},
     }
 
 
@@ -74,4 +81,8 @@ def format_summary(info: dict, n_names: int = 8) -> str:
         w, h = size["width"], size["height"]
         lines.append(f"image size  {size['sampled']} sampled: width {w['min']}–{w['max']} (mean {w['mean']:.1f}), "
                      f"height {h['min']}–{h['max']} (mean {h['mean']:.1f}); modes {', '.join(size['modes'])}")
+    bad = info["undecodable"]
+    lines.append(f"undecodable {bad['count']} of {bad['sampled']} sampled"
+                 + (f" (first: {bad['first'][0]}); training skips such images (data.on_bad_image=skip, the "
+                    "default), `ropim data convert` drops them" if bad["count"] else ""))
     return "\n".join(lines)

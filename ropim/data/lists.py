@@ -31,6 +31,16 @@ class ImageList:
     def load(self, i: int) -> bytes | np.ndarray:
         raise NotImplementedError
 
+    def head(self, k: int) -> list[tuple[str, bytes | np.ndarray | None]]:
+        """(path, data) of up to ``k`` of the first images (None: the file cannot be read): a cheap sample."""
+        out = []
+        for i in range(min(k, len(self))):
+            try:
+                out.append((self.paths[i], self.load(i)))
+            except OSError:
+                out.append((self.paths[i], None))
+        return out
+
 
 class ArrayList(ImageList):
     """Images held as a uint8 (N, H, W, 3) array (digits, CIFAR)."""
@@ -84,6 +94,20 @@ class ParquetList(ImageList):
                 raise unreadable_parquet(self.files[f], self.files[f], err) from None
             self._cache[f] = col.take(pa.array(self.rows[f]))
         return self._cache[f][i - int(self.offsets[f])].as_py()
+
+    def head(self, k: int) -> list[tuple[str, bytes]]:
+        """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
+        any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
+        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
+        if f is None:
+            return []
+        try:
+            group = pq.ParquetFile(self.files[f], filesystem=self.fs).read_row_group(0, columns=["image"])["image"]
+        except PARQUET_ERRORS as err:
+            raise unreadable_parquet(self.files[f], self.files[f], err) from None
+        rows = self.rows[f][self.rows[f] < len(group)][:k]
+        start = int(self.offsets[f])
+        return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
 
     def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
         return {**self.__dict__, "_cache": {}}

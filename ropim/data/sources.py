@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ropim.data.config import DataConfig
+from ropim.data.decode import none_decode, undecodable
 from ropim.data.layout import (
     PARQUET_ERRORS,
     check_source,
@@ -47,6 +48,8 @@ from ropim.data.lists import (
     split_indices,
 )
 from ropim.errors import ConfigError
+
+PREFLIGHT_SAMPLE = 8  # the first images of a training split that pre-flight decodes
 
 
 def in_val(keys, seed: int, fraction: float) -> np.ndarray:
@@ -208,12 +211,30 @@ def count_images(cfg: DataConfig, split: str) -> int:
 
 def check_batch_fits(cfg: DataConfig, batches: dict[str, int]) -> int:
     """The training split's image count, listed once; ConfigError naming the flag when it holds less than one of
-    the ``batches`` ({flag: batch size})."""
-    n = count_images(cfg, "train")
+    the ``batches`` ({flag: batch size}), or naming the source when none of its first images decodes
+    (``check_decodes``)."""
+    images = None if detect_format(cfg.source, cfg.format) == "digits" else split_list(open_source(cfg), cfg, "train")
+    n = count_images(cfg, "train") if images is None else len(images)
     for name, batch_size in batches.items():
         if n < batch_size:
             raise ConfigError(f"{name}={batch_size} exceeds the training split ({n} images)")
+    if images is not None:
+        check_decodes(cfg, images)
     return n
+
+
+def check_decodes(cfg: DataConfig, images: ImageList | None = None) -> None:
+    """ConfigError naming the source when none of the first ``PREFLIGHT_SAMPLE`` images of ``images`` (default: the
+    training split; the built-in digits are not read) decodes: pre-flight's guard against a source that would give
+    the job no image at all (one row group of a Parquet shard is read, in a fraction of a second)."""
+    if images is None:
+        if detect_format(cfg.source, cfg.format) == "digits":
+            return
+        images = split_list(open_source(cfg), cfg, "train")
+    sample = images.head(PREFLIGHT_SAMPLE)
+    bad = undecodable(sample, cfg.max_pixels)
+    if sample and len(bad) == len(sample):
+        raise none_decode(cfg.source, f"the first {len(sample)} images of the training split", bad)
 
 
 def _concat(pools: list[ImageList]) -> ImageList:

@@ -15,7 +15,8 @@ def scores(tags: dict[str, str]) -> dict[str, str]:
             protocol = {"top1": "fine-tune top-1", "linear_top1": "linear-probe top-1", "knn_top1": "kNN top-1",
                         "miou": "segmentation mIoU"}.get(metric, metric)
             out[f"{protocol} on {dataset}"] = v
-    for k, label in (("miou", "mIoU"), ("pixel_acc", "pixel accuracy")):  # a segmenter's own scores
+    for k, label in (("top1", "top-1"), ("top5", "top-5"), ("miou", "mIoU"),  # a classifier's, a segmenter's own
+                     ("pixel_acc", "pixel accuracy")):
         if k in tags:
             out[f"{label} on {tags.get('dataset', '?')}"] = f"{float(tags[k]):.2f}"
     return out
@@ -30,17 +31,27 @@ def first_stage(tags: dict[str, str]) -> dict[str, list[str]]:
     return {"first stage": [tags["source_encoder"] + (f" (run {run})" if run else "")]}
 
 
-LOADERS = {  # kind tag -> (ropim loader, what the pyfunc predicts)
+LOADERS = {  # kind -> (import, ropim loader, what it gives, what the pyfunc predicts)
+    "encoder": ("from ropim.tracking.registry import load_encoder", "load_encoder", "encoder",
+                "features = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # (B, D), without ropim"),
+    "classifier": ("from ropim.tracking.registry import load_classifier", "load_classifier", "classifier",
+                   "logits = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # (B, K), without ropim"),
     "segmenter": ("from ropim.tracking.segmenters import load_segmenter", "load_segmenter", "segmenter",
                   "logits = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # (B, K, H, W), without ropim"),
 }
-ENCODER_LOADER = ("from ropim.tracking.registry import load_encoder", "load_encoder", "encoder",
-                  "features = mlflow.pyfunc.load_model(\"{uri}\").predict(images)  # without ropim (torch, timm)")
+
+
+def kind_of(tags: dict[str, str]) -> str:
+    """A registered version's kind ('encoder', 'classifier', 'segmenter') from its tags: its ``kind`` tag; a version
+    registered before that tag existed is a classifier when it has ``num_classes`` (segmenters always had the tag)."""
+    if tags.get("kind") in LOADERS:
+        return tags["kind"]
+    return "classifier" if "num_classes" in tags else "encoder"
 
 
 def card(name: str, version: str, config: dict, tags: dict[str, str], lineage: dict[str, list[str]]) -> str:
-    """A registered model's card: what it is, its scores, where it came from, how to load it (an encoder, or by its
-    ``kind`` tag a segmenter)."""
+    """A registered model's card: what it is, its scores, where it came from, how to load it (by its kind,
+    ``kind_of(tags)``)."""
     uri = f"models:/{name}/{version}"
     keys = ("stage", "backbone", "width", "arch", "img_size", "patch_size", "depth", "corruption", "rho", "mask_ratio",
             "loss", "epochs", "dataset", "graft_epochs", "graft_dataset", "lower_blocks", "lower_lr_ratio", "crop_size",
@@ -49,7 +60,7 @@ def card(name: str, version: str, config: dict, tags: dict[str, str], lineage: d
     lines += [f"- {k}: {config[k]}" for k in keys if config.get(k) is not None]
     lines += ["", "## Scores", ""] + ([f"- {k}: {v}" for k, v in scores(tags).items()] or ["- none yet"])
     lines += ["", "## Lineage", ""] + [f"- {k}: {', '.join(v) if v else '—'}" for k, v in lineage.items()]
-    imports, loader, what, pyfunc = LOADERS.get(str(tags.get("kind")), ENCODER_LOADER)
+    imports, loader, what, pyfunc = LOADERS[kind_of(tags)]
     lines += ["", "## Load", "", "```python", imports,
               f'{what}, config = {loader}("{uri}")  # with ropim',
               "import mlflow", pyfunc.format(uri=uri), "```"]

@@ -8,7 +8,7 @@ import time
 
 from mlflow.entities.model_registry import ModelVersion
 
-from ropim.tracking.cards import card, first_stage, scores
+from ropim.tracking.cards import card, first_stage, kind_of, scores
 from ropim.tracking.registry import local_copy, resolve_version
 from ropim.tracking.store import client
 
@@ -69,11 +69,12 @@ def runs_from(mv: ModelVersion, experiment: str, metric: str, label: str, uri: s
 
 def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
     """A registered encoder version: the run that trained it, the version it started from (a second stage), the
-    sweep, and the fine-tunes and segmentations made from it; a segmenter version: its run and the encoder it started
-    from."""
+    sweep, and the fine-tunes and segmentations made from it; a classifier or segmenter version: its run and the
+    encoder it started from."""
     t = mv.tags or {}
-    if t.get("kind") == "segmenter":
-        return {"segmentation run": [mv.run_id] if mv.run_id else [], "encoder": [t.get("encoder_uri", "?")]}
+    if kind_of(t) != "encoder":
+        run = "segmentation run" if kind_of(t) == "segmenter" else "fine-tune run"
+        return {run: [mv.run_id] if mv.run_id else [], "encoder": [t.get("encoder_uri", "?")]}
     run = f"{t['stage']} run" if t.get("stage") else "pretraining run"
     return {run: [mv.run_id] if mv.run_id else [], **first_stage(t), "sweep": [t["sweep"]] if t.get("sweep") else [],
             "fine-tunes": runs_from(mv, "ropim-finetune", "top1", "top-1", uri),
@@ -86,7 +87,7 @@ def show(model_uri: str, uri: str | None = None) -> str:
     if name is None:
         raise LookupError(f"{model_uri}: give models:/name/version or models:/name@alias")
     mv = client(uri).get_model_version(name, version)
-    folder = local_copy(f"models:/{name}/{version}", "encoder", uri)
+    folder = local_copy(f"models:/{name}/{version}", kind_of(mv.tags or {}), uri)
     found = next(folder.rglob("config.json"), None)
     if found is None:
         raise LookupError(f"{model_uri}: not a ropim model (version {version} of {name!r} holds no config.json); "

@@ -27,6 +27,13 @@ def check_local_model(model_uri: str, kind: str) -> Path | None:
     return None
 
 
+def wrong_kind(model_uri: str, kind: str, other: str) -> ConfigError:
+    """The one error for a model of kind ``other`` (a folder's files, a registered version's tags) given where a
+    ``kind`` is expected."""
+    return ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the {kind} "
+                       f"(models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with {kind}.safetensors)")
+
+
 def safetensors_problem(path: Path) -> str | None:
     """Why ``path`` is not a whole safetensors file, judged from its header and size (no tensor is read), or None."""
     size = path.stat().st_size
@@ -50,9 +57,7 @@ def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
     if weights is None or cfg_file is None:
         other = next((k for k in MODEL_KINDS if k != kind and next(folder.rglob(f"{k}.safetensors"), None)), None)
         if other is not None:
-            raise ConfigError(f"{kind} {model_uri}: this is a {other}, where {kind} weights are expected; give the "
-                              f"{kind} (models:/ropim-{kind}/VERSION, @alias, runs:/… or a folder with "
-                              f"{kind}.safetensors)")
+            raise wrong_kind(model_uri, kind, other)
         raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
     damaged, problem = weights, safetensors_problem(weights)
     if problem is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +21,8 @@ from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
-from ropim.tracking.cards import card, first_stage
-from ropim.tracking.model_folder import check_local_model, model_files
+from ropim.tracking.cards import card, first_stage, kind_of
+from ropim.tracking.model_folder import MODEL_KINDS, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
 from ropim.tracking.uri import check_model_in_store
@@ -50,8 +51,10 @@ def register_model(
     register a new version of ``name``; return its ``models:/name/version`` URI.
 
     ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
-    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only). ``code_paths``: Python files
-    shipped with the model (importable by ``code`` when it loads), ``requirements``: its pip requirements.
+    entries become version tags (lists and ``timm_kwargs`` stay in the JSON only), with ``kind`` (what the card and
+    pre-flight go by). ``code_paths``: Python files shipped with the model (importable by ``code`` when it loads),
+    ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
+    stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
     """
     c = client(uri)
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,13 +67,14 @@ def register_model(
                                     artifacts={"weights": str(weights), "config": str(cfg_file)},
                                     pip_requirements=list(requirements),
                                     code_paths=[str(p) for p in code_paths] or None,
-                                    signature=signature(config), input_example=input_example(config))
+                                    signature=signature(config))
     with registry_lines_muted():
         version = str(retrying(mlflow.register_model)(info.model_uri, name).version)
     for k, v in flatten(config).items():
         if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
             continue
         c.set_model_version_tag(name, version, k, str(v))
+    c.set_model_version_tag(name, version, "kind", kind)
     c.set_model_version_tag(name, version, "run_id", run_id)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
@@ -90,8 +94,10 @@ def registry_lines_muted() -> Iterator[None]:
 
 
 def log_pyfunc(run_id: str, **kwargs):
-    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``."""
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None):
+    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``, without MLflow's warning that no input example was
+    given (``register_model`` says why)."""
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
         return mlflow.pyfunc.log_model(**kwargs)
 
 
@@ -117,13 +123,6 @@ def signature(config: dict) -> ModelSignature:
     out = (-1, width, size, size) if config.get("kind") == "segmenter" else (-1, width)
     return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, chans, size, size))]),
                           outputs=Schema([TensorSpec(np.dtype(np.float32), out)]))
-
-
-def input_example(config: dict) -> np.ndarray:
-    """One black normalized image of the model's input size (the pyfunc's input example)."""
-    kwargs = config["timm_kwargs"]
-    size = kwargs.get("img_size", config.get("img_size"))
-    return np.zeros((1, kwargs.get("in_chans", 3), size, size), np.float32)
 
 
 def register_encoder(
@@ -176,20 +175,26 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
 
 
 def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
-    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder);
-    the local folder when it is one. Cheap: nothing is downloaded, no torch is imported."""
+    """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder)
+    or at another kind of model (a registered version's ``kind``, a ``runs:/<id>/<kind>`` path); the local folder
+    when it is one. Cheap: nothing is downloaded, no torch is imported."""
     local = check_local_model(model_uri, kind)
     if local is not None:
         return local
     check_model_in_store(model_uri, kind, uri or tracking_uri())
     c = client(uri)
-    resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
+    version = resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
+    found = kind_of(c.get_model_version(*version).tags or {}) if version else kind
     if model_uri.startswith("runs:/"):
-        run_id = model_uri.removeprefix("runs:/").split("/", 1)[0]
+        run_id, _, path = model_uri.removeprefix("runs:/").partition("/")
         try:
             c.get_run(run_id)
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {run_id!r} at {uri or tracking_uri()}") from None
+        logged_as = path.strip("/").split("/")[0]  # register_model logs each model under its kind
+        found = logged_as if logged_as in MODEL_KINDS else kind
+    if found != kind:
+        raise wrong_kind(model_uri, kind, found)
     return None
 
 

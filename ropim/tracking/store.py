@@ -60,12 +60,18 @@ class RetryingClient:
 
 
 def prepare_store(uri: str) -> None:
-    """Create and migrate a local sqlite store once, under an exclusive lock beside it, so that jobs starting at the
-    same moment do not migrate it twice (alembic fails then); other stores are left to their server."""
+    """Create and migrate a local sqlite store once, under an exclusive lock beside it (``<store>.lock``), so that
+    jobs starting at the same moment do not migrate it twice (alembic fails then); other stores are left to their
+    server. A job creates the lock file before the store, so a store found without one was made whole by something
+    else (``mlflow server``, a copy): it is used as it is and nothing is written beside it."""
     if uri in READY or not uri.startswith("sqlite:///"):
         return
     db = Path(uri.removeprefix("sqlite:///"))
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
+    lock_file = db.with_name(db.name + ".lock")
+    if db.exists() and not lock_file.exists():
+        READY.add(uri)
+        return
+    with open(lock_file, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
         c = RetryingClient(MlflowClient(tracking_uri=uri, registry_uri=uri))
         c.search_experiments(max_results=1)  # the tracking store's tables, created or migrated

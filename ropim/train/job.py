@@ -205,7 +205,7 @@ class JobConfig:
         """The job's own rules between fields (none here)."""
 
     def check_data(self) -> None:
-        """The training split holds a global batch (its images listed, not decoded)."""
+        """The training split holds a global batch and its first images decode (``check_batch_fits``)."""
         from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
         check_batch_fits(self.data, {self.BATCH: self.batch})

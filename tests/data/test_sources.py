@@ -19,8 +19,8 @@ from ropim.data.config import DataConfig
 from ropim.data.convert import convert
 from ropim.data.datasets import build_dataset, eval_transform, pretrain_transform
 from ropim.data.decode import BadImageError, decode_rgb
-from ropim.data.inspect import inspect_source
-from ropim.data.sources import count_images, open_source, split_list
+from ropim.data.inspect import format_summary, inspect_source
+from ropim.data.sources import check_batch_fits, count_images, open_source, split_list
 from ropim.errors import ConfigError
 
 
@@ -230,3 +230,39 @@ def test_parquet_labels_must_be_class_indices(tmp_path):
     write_parquet(tmp_path / "range" / "train-0.parquet", [(img, 5, "a.png"), (img, 0, "b.png")], ["x", "y", "z"])
     with pytest.raises(ConfigError, match="has labels 0..5, outside the 3 classes"):
         build_dataset(DataConfig(str(tmp_path / "range")), "train")
+
+
+def png(size: tuple[int, int] = (20, 10)) -> bytes:
+    """A black PNG."""
+    import io
+
+    out = io.BytesIO()
+    Image.new("RGB", size).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_inspect_decodes_its_sample_and_counts_the_images_that_do_not(tmp_path):
+    (tmp_path / "mixed").mkdir()
+    images = [b"not an image" if i % 5 == 0 else png() for i in range(50)]  # 10 of 50 bad
+    pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(50)], pa.int64()),
+                             "path": [f"m/{i}.png" for i in range(50)]}), tmp_path / "mixed" / "train-0.parquet")
+    cfg = DataConfig(str(tmp_path / "mixed"))
+    info = inspect_source(cfg)
+    assert info["undecodable"]["sampled"] == 50 and info["undecodable"]["count"] == 10
+    assert info["image_size"]["sampled"] == 40
+    assert "undecodable 10 of 50 sampled (first: m/0.png: cannot identify image file)" in format_summary(info)
+    assert check_batch_fits(cfg, {"batch_size": 8}) == info["images"]["train"]  # some bad images: pre-flight passes
+
+
+def test_preflight_sample_reads_one_row_group_of_the_first_shard(tmp_path):
+    (tmp_path / "groups").mkdir()
+    schema = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())])
+    with pq.ParquetWriter(tmp_path / "groups" / "train-0.parquet", schema) as writer:
+        for g in range(3):  # row groups of 4: the first all bad, the others good
+            writer.write_table(pa.table({"image": [b"x" if g == 0 else png()] * 4, "label": [0] * 4,
+                                         "path": [f"{g}/{i}.png" for i in range(4)]}, schema=schema))
+    cfg = DataConfig(str(tmp_path / "groups"), val_fraction=0.01)
+    images = split_list(open_source(cfg), cfg, "train")
+    assert [p for p, _ in images.head(8)] == [p for p in images.paths if p.startswith("0/")]
+    with pytest.raises(ConfigError, match=r"groups'?: none of the first \d images of the training split decodes"):
+        check_batch_fits(cfg, {"batch_size": 1})

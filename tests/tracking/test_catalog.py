@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
 
+import mlflow
 import pytest
-from support import register_tiny_encoder, run_cli
+from support import register_tiny_classifier, register_tiny_encoder, run_cli
 
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
@@ -77,3 +79,31 @@ def test_models_show_of_a_model_ropim_did_not_register_is_one_line(two_versions,
     proc = run_cli("models", "show", "models:/someone-elses-model/1", cwd=workdir)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "models:/someone-elses-model/1: not a ropim model" in proc.stderr
+
+
+def test_a_classifier_version_carries_the_classifier_card(two_versions, workdir):
+    encoder_uri = two_versions[0]
+    uri = register_tiny_classifier(encoder_uri, workdir / "enc-local")
+    name, version = uri.removeprefix("models:/").split("/")
+    c = store.client()
+    assert c.get_model_version(name, version).tags["kind"] == "classifier"
+    for _ in ("as registered", "registered before the kind tag"):
+        description = c.get_model_version(name, version).description
+        assert f'classifier, config = load_classifier("{uri}")' in description, description
+        assert f'logits = mlflow.pyfunc.load_model("{uri}").predict(images)  # (B, K)' in description
+        assert "load_encoder" not in description and "features" not in description
+        assert "- top-1 on tiny: 50.00" in description
+        c.delete_model_version_tag(name, version, "kind")
+        registry.describe(name, version)
+    proc = run_cli("models", "show", uri, cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert f"- fine-tune run: {c.get_model_version(name, version).run_id}" in proc.stdout
+    assert f"- encoder: {encoder_uri}" in proc.stdout and "load_classifier" in proc.stdout
+
+
+def test_a_version_stores_its_signature_and_no_input_example(two_versions):
+    info = mlflow.models.get_model_info("models:/ropim-encoder/1")
+    assert info.signature.inputs.inputs[0].shape == (-1, 3, 32, 32)
+    assert info.saved_input_example_info is None
+    folder = mlflow.artifacts.download_artifacts("models:/ropim-encoder/1")
+    assert not [p.name for p in Path(folder).rglob("*example*")]
