@@ -99,7 +99,7 @@ def test_pretrain_from_s3_to_s3_on_two_nodes(ingest, ropim, digits, s3_server, m
     keys = files(s3_server, f"runs/{name}/")
     meta = json.loads(s3_server.client().get_object(Bucket=s3_server.bucket,
                                                     Key=f"runs/{name}/ropim_run.json")["Body"].read())
-    assert meta["run_id"] == run.info.run_id and meta["encoder_uri"] == encoder_uri
+    assert meta["run_id"] == run.info.run_id and meta["model_uri"] == encoder_uri
     assert meta["checkpoint"].startswith(f"{runs}/{name}/checkpoint_")
     assert f"runs/{name}/.lock" not in keys  # released
     checkpoints = {k.split("/")[2] for k in keys if k.count("/") > 2 and k.split("/")[2].startswith("checkpoint_")}
