@@ -12,9 +12,11 @@ import time
 from datetime import datetime
 
 import pytest
+import ray
 from support import tiny_pretrain
 
 from ropim.cli import main
+from ropim.errors import JobFailed
 from ropim.tracking import store
 from ropim.train import runtime
 from ropim.train.driver import run
@@ -133,6 +135,7 @@ def test_a_controller_process_killed_mid_run_is_recorded_and_the_same_command_co
         import signal
         import time
 
+        import ray
         from ray.util.state import list_actors
 
         from ropim.train.driver import worker_main
@@ -141,7 +144,8 @@ def test_a_controller_process_killed_mid_run_is_recorded_and_the_same_command_co
 
         def report_or_kill(self, metrics, folder, background=False):
             if metrics["epoch"] == 2:
-                alive = list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])
+                alive = list_actors(address=ray.get_runtime_context().gcs_address,  # not another Ray on this machine
+                                    filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")])
                 os.kill(alive[0].pid, signal.SIGKILL)
                 time.sleep(120)
             report(self, metrics, folder, background)
@@ -149,14 +153,10 @@ def test_a_controller_process_killed_mid_run_is_recorded_and_the_same_command_co
         type(worker).report = report_or_kill  # in this worker process only
         worker_main(config, worker)
 
-    from ropim.errors import JobFailed
-
     with pytest.raises(JobFailed) as failed:
         run(cfg, worker_fn=kill_controller_at_epoch_2)
     assert "failed: Ray actor TrainController died" in str(failed.value)
     assert "marked FAILED (epoch 2/3 recorded last" in str(failed.value)  # recorded before its upload began
-    import ray
-
     deadline = time.monotonic() + 120  # the dead run's workers and placement group are freed
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(1)
