@@ -118,6 +118,43 @@ def check_local_resources(num_workers: int, cpus_per_worker: float, use_gpu: boo
                           "--wait_for_resources true to wait for a cluster to grow")
 
 
+def local_cpus() -> int | None:
+    """The CPUs of the Ray cluster ``ray.init()`` will start on this machine, or None when the job joins one instead
+    (RAY_ADDRESS, or a Ray already up in this process): known before Ray starts, as ``check_local_resources`` uses
+    them."""
+    import os
+    import sys
+
+    ray = sys.modules.get("ray")
+    if os.environ.get("RAY_ADDRESS") or (ray is not None and ray.is_initialized()):
+        return None
+    return os.cpu_count() or 1
+
+
+DATA_CPUS = 1.0  # logical CPUs Ray Data needs beside the Train workers: its read tasks ask for 1 each (Ray's default)
+
+
+def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, cluster: str) -> None:
+    """``ingest=ray_data``: the Train workers, which Ray places first, must leave Ray Data ``DATA_CPUS`` of the
+    ``cpus`` logical CPUs of ``cluster``; else its read tasks never start and the job reads no row until Ray's
+    30-minute no-progress timeout. ConfigError naming the fixes (a CPU share per worker, fewer workers, torch
+    ingest)."""
+    held = num_workers * cpus_per_worker
+    if cpus - held >= DATA_CPUS:
+        return
+    fixes = []
+    share = math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100
+    if share > 0:
+        fixes.append(f"--cpus_per_worker {share:g}")
+    fewer = math.floor((cpus - DATA_CPUS) / cpus_per_worker)
+    if 1 <= fewer < num_workers:
+        fixes.append(f"--num_workers {fewer}")
+    raise ConfigError(f"ingest=ray_data: num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} hold "
+                      f"{min(held, cpus):g} of the {cpus:g} CPUs of {cluster}, leaving Ray Data's read and decode "
+                      f"tasks {max(cpus - held, 0):g} (they need {DATA_CPUS:g}): the job would read no data until "
+                      f"Ray's 30-minute timeout; use {', '.join(fixes)}{' or ' if fixes else ''}--ingest torch")
+
+
 def check_encoder_input(uri: str, config: dict, img_size: int | None = None) -> None:
     """An encoder (its ``config.json``) fits the images a job gives it: RGB, as every data source decodes them, and
     ``img_size`` (None: its own) a multiple of its patch size. One error naming the encoder and the fix."""

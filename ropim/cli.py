@@ -21,10 +21,10 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from ropim import commands
 from ropim.config_files import check_text, parser_mode
 from ropim.console import quiet_console
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, JobFailed
 
 PRESETS = Path(__file__).with_name("presets")
-ERRORS = (ConfigError, LookupError, ConnectionError, FileNotFoundError)
+ERRORS = (ConfigError, JobFailed, LookupError, ConnectionError, FileNotFoundError)
 
 
 def parser_of(**kwargs) -> ArgumentParser:

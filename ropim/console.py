@@ -5,10 +5,12 @@ replaced, so every other line (and every warning and error about the job) passes
 ``quiet_console()`` (the entry points call it, before Ray or MLflow is imported):
 
 - Ray: no per-worker ``(RayTrainWorker pid=…)`` prefix; its loggers at WARNING; the records it logs about its own
-  machinery (``QUIET_RECORDS``, each with the traceback it carries) and the uncaught exceptions of its helper threads
-  (``QUIET_THREADS``) are dropped in this process and, through the job's ``worker_process_setup_hook``, in every Ray
-  worker process of the job (Train's controller runs there); the C++ lines its workers print (``SKIPPED_LINES``) are
-  skipped by Ray's own log deduplicator.
+  machinery (``QUIET_RECORDS``, each with the traceback it carries), the warnings it raises about its own code
+  (``QUIET_WARNINGS``) and the uncaught exceptions of its helper threads (``QUIET_THREADS``) are dropped in this
+  process and, through the job's ``worker_process_setup_hook``, in every Ray worker process of the job (Train's
+  controller and Ray Data's split coordinator run there); the C++ lines its workers and raylets print
+  (``SKIPPED_LINES``) are skipped by Ray's own log deduplicator. Ray Data's progress bars are turned off per dataset
+  (``ropim.data.ingest.quiet``).
 - MLflow: loggers at WARNING, no artifact progress bars. The lines its registry prints on every new version are
   muted where ropim registers one (``ropim.tracking.registry``), which prints the registered URI itself.
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+import warnings
 
 # {logger: start of the message}: warnings about Ray's own machinery, not the user's job (each seen in `make demo`)
 QUIET_RECORDS = {
@@ -31,12 +35,22 @@ QUIET_RECORDS = {
     # Train V2's autoscaling client, a 5 s timeout under CPU load (logged with its traceback)
     "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client":
         "Failed to send resource request for train-",
+    # Ray Data, once per process, where a job turned its progress bars off (``ropim.data.ingest.quiet``)
+    "ray.data._internal.progress": "Progress bars disabled.",
+    # Ray Data, once per epoch of a ray_data ingest (a failed execution's line stays)
+    "ray.data._internal.execution.streaming_executor": "✔️  Dataset ",
 }
+# {category: start of the message}: Python warnings Ray raises about its own code (Train V2 sets the option)
+QUIET_WARNINGS = {DeprecationWarning: "`ExecutionOptions.exclude_resources` is deprecated"}
 # Train V2's cleaner thread: it cannot pick a Ray instance when several run on one machine (it asks the state API
 # without an address); only an aborted run needs it
 QUIET_THREADS = ("PlacementGroupCleanerMonitor",)
-# Train V2's controller, whose PreemptionWatcher actor has max_restarts > 0 (Ray's C++ log, outside Python logging)
-SKIPPED_LINES = r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'"
+# Ray's C++ lines, outside Python logging: Train V2's controller, whose PreemptionWatcher actor has max_restarts > 0;
+# the raylet's worker pool (worker_pool.cc), once its Python workers reach 4x its startup concurrency (the node's
+# CPUs), which fractional-CPU runs do by design (Train workers at 0.5 CPU, Ray Data's 0.25-CPU decode tasks, 0-CPU
+# actors): every such run printed it, about Ray's scheduling, not the job
+SKIPPED_LINES = (r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'"
+                 r"|PYTHON worker processes have been started on node: .* the maximum expected startup concurrency")
 
 
 class DropRecords(logging.Filter):
@@ -63,8 +77,10 @@ class QuietThreads:
 
 
 def quiet_ray_internals() -> None:
-    """Drop ``QUIET_RECORDS`` and the exceptions of ``QUIET_THREADS`` in this process: the driver, or a Ray worker
-    process (the job's ``worker_process_setup_hook``, see ``job_runtime_env``)."""
+    """Drop ``QUIET_RECORDS``, ``QUIET_WARNINGS`` and the exceptions of ``QUIET_THREADS`` in this process: the driver,
+    or a Ray worker process (the job's ``worker_process_setup_hook``, see ``job_runtime_env``)."""
+    for category, start in QUIET_WARNINGS.items():
+        warnings.filterwarnings("ignore", message=re.escape(start), category=category)
     for name, start in QUIET_RECORDS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropRecords) for f in logger.filters):

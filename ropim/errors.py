@@ -1,5 +1,11 @@
-"""The error type for bad user input; its message names the input and the fix."""
+"""The error types a command ends with in one line: bad user input (its message names the input and the fix), and
+a run that failed outside the job's code."""
 
 
 class ConfigError(ValueError):
     """A config value, path or URI the user gave cannot work; raised before expensive work starts."""
+
+
+class JobFailed(RuntimeError):
+    """A run ended FAILED for a reason outside the job's code and input (Ray Train's controller lost, a node out of
+    memory); the message says why, what the run kept and how to continue it, in one line."""

@@ -162,6 +162,11 @@ CASES = {  # id: (argv, what the one line must name)
 }
 if not visible_gpus():
     CASES["GPU without a GPU"] = ((*PRE, "--use_gpu", "true"), "use_gpu=true but this machine has no visible GPU")
+# the Train workers holding every CPU of the local cluster Ray will start (2 × 1 on 2 CPUs): Ray Data read 0 rows
+# until Ray's 30-minute timeout
+CASES["Ray Data left no CPU"] = ((*PRE, "--ingest", "ray_data", "--num_workers", "2", "--cpus_per_worker",
+                                  f"{(os.cpu_count() or 1) / 2:g}"),
+                                 "leaving Ray Data's read and decode tasks 0 (they need 1): the job would read no data")
 if (os.cpu_count() or 1) < 16:
     CASES["more worker CPUs than the machine"] = ((*PRE, "--num_workers", "16", "--global_batch_size", "64"),
                                                   "num_workers=16 × cpus_per_worker=1 needs 16 CPUs")

@@ -10,8 +10,10 @@ import io
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,12 @@ RAY_TIMEOUT_WARNING = ("Failed to send resource request for train-dd17941a. If t
 PREEMPTION_LINE = ("[2026-11-26 01:48:06,616 E 892 931] core_worker.cc:2465: Actor with class name: "
                    "'PreemptionWatcher' and ID: 'f0c15b4dfdff3ce474d0e99201000000' has constructor arguments in the "
                    "object store and max_restarts > 0.")
+# as the raylet's warning reaches the driver (Ray's error channel, printed through its log deduplicator)
+WORKER_POOL_LINE = ("WARNING: 8 PYTHON worker processes have been started on node: 5e1f0c with address: 10.0.0.5, "
+                    "which is 4x the maximum expected startup concurrency (2). This could be a result of using a large "
+                    "number of actors, tasks blocked in ray.get() calls, or tasks with fractional CPU requests (e.g., "
+                    "num_cpus=0.1) allowing high concurrency. See https://github.com/ray-project/ray/issues/3644 for "
+                    "some discussion of workarounds.")
 SETTINGS = ("RAY_DISABLE_WORKER_LOG_PREFIX", "RAY_DEDUP_LOGS_SKIP_REGEX", "RAY_RUNTIME_ENV_HOOK",
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "MLFLOW_LOGGING_LEVEL")
 
@@ -75,8 +83,9 @@ def logged(records: list[tuple[str, str, bool]]) -> str:
 
 def test_internal_lines_dropped_job_lines_kept(quiet, capsys) -> None:
     skip = re.compile(os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"])  # Ray's deduplicator drops the lines it matches
-    lines = ["[pretrain] epoch 1/2 loss 1.0", PREEMPTION_LINE, "[pretrain] registered encoder models:/ropim-encoder/3"]
-    assert [line for line in lines if not skip.search(line)] == [lines[0], lines[2]]
+    lines = ["[pretrain] epoch 1/2 loss 1.0", PREEMPTION_LINE, WORKER_POOL_LINE,
+             "[pretrain] registered encoder models:/ropim-encoder/3"]
+    assert [line for line in lines if not skip.search(line)] == [lines[0], lines[3]]
     with registry_lines_muted():  # how MLflow's registry prints its lines, muted where ropim registers
         eprint("Successfully registered model 'ropim-encoder'.")
         eprint("Created version '3' of model 'ropim-encoder'.")
@@ -123,11 +132,30 @@ def test_ray_workers_get_the_same_filters_through_the_job_runtime_env(quiet) -> 
         "mine.setup")
 
 
+def test_ray_deprecation_of_its_own_option_is_dropped_others_kept(quiet) -> None:
+    from ray.util.annotations import RayDeprecationWarning
+
+    with warnings.catch_warnings(record=True) as seen:
+        console.quiet_ray_internals()  # inside catch_warnings: the filters it adds are undone after
+        for message in ("`ExecutionOptions.exclude_resources` is deprecated and will be removed after January 2027.",
+                        "`some_other_option` is deprecated"):
+            warnings.warn(message, RayDeprecationWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["`some_other_option` is deprecated"]
+
+
 def test_the_filtered_records_still_exist_in_the_installed_ray() -> None:
     # a Ray upgrade that moves or rewords one of them fails here instead of letting it through unnoticed
+    from ray.data.context import OK_PREFIX
+
     for name, start in console.QUIET_RECORDS.items():
-        source = Path(importlib.util.find_spec(name).origin).read_text()
+        source = Path(importlib.util.find_spec(name).origin).read_text().replace("{OK_PREFIX}", OK_PREFIX)
         assert start[:30] in source, name
+    for start in console.QUIET_WARNINGS.values():
+        options = "ray.data._internal.execution.interfaces.execution_options"
+        assert start in Path(importlib.util.find_spec(options).origin).read_text()
+    raylet = Path(importlib.util.find_spec("ray").origin).parent / "core" / "src" / "ray" / "raylet" / "raylet"
+    worker_pool = b"worker processes have been started on node: %s with address: %s, which is %dx the maximum expected"
+    assert worker_pool + b" startup concurrency" in raylet.read_bytes()  # the raylet's format of WORKER_POOL_LINE
     cleaner = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
     assert f'name="{console.QUIET_THREADS[0]}"' in Path(importlib.util.find_spec(cleaner).origin).read_text()
 
@@ -155,3 +183,24 @@ def test_nothing_is_set_at_import() -> None:
     found = {str(p.relative_to(root)): lines for top in ("ropim", "tune", "jobs") for p in (root / top).rglob("*.py")
              if (lines := environ_set_at_import(ast.parse(p.read_text())))}
     assert found == {}
+
+
+def test_a_two_worker_ray_data_pretraining_prints_one_line_per_epoch(tmp_path, empty_store) -> None:
+    # ropim's lines only, on a fresh local Ray: before, Ray Data's progress bars, its execution notices and Ray Train's
+    # deprecation warning wrote 239 lines (24.7 KB) around the 2 epoch lines of this run
+    import shutil
+
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    job = subprocess.run([sys.executable, "-m", "ropim.cli", "pretrain", "--preset", "digits_demo", "--ingest",
+                          "ray_data", "--num_workers", "2", "--cpus_per_worker", "0.5", "--epochs", "2",
+                          "--max_steps_per_epoch", "2", "--model.depth", "1", "--viz_every", "0",
+                          "--run_name", "lines"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert job.returncode == 0, job.stderr[-3000:]
+    lines = [line for line in (job.stdout + job.stderr).splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("[pretrain] ") or line == "models:/ropim-encoder/1"]
+    assert [line for line in ours if "] epoch " in line][0].endswith("GiB")  # the first says a worker's peak RSS
+    assert len([line for line in ours if "] epoch " in line]) == 2
+    assert len(lines) - len(ours) <= 3, lines  # at most a few lines of Ray starting
+    assert len(job.stdout + job.stderr) < 3000

@@ -16,16 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ropim.console import ensure_logging
+from ropim.errors import JobFailed
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import Run, open_run
 from ropim.train.downstream import run_tags
 from ropim.train.encoder_job import EncoderJob
+from ropim.train.failures import failure_reason
 from ropim.train.inprocess import downloaded
 from ropim.train.job import JobConfig, dataset_name
 from ropim.train.jobs import JOBS, Prepared, prepare
 from ropim.train.loop import train
 from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
+from ropim.train.snapshot import remove_uncommitted
 from ropim.train.task import Worker
 
 
@@ -68,19 +71,63 @@ def run(job: JobConfig | Prepared, *, worker_fn: WorkerFn = worker_main, registe
     options = {"experiment": cfg.experiment, "tags": tags(p), "config_artifact": p.job.artifact,
                "resumable": cfg.RESUMABLE, "resume": p.resume_hint,
                "normalize": lambda stored: type(cfg).from_dict(stored).resolved().to_dict(), **(run_options or {})}
-    with open_run(name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(), uri=p.tracking,
-                  **options) as mlflow_run:
-        if mlflow_run.finished:
-            return reported(p, mlflow_run)
-        where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
-        print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source(p)}, MLflow run {mlflow_run.run_id} at "
-              f"{p.tracking}", flush=True)
-        with ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)):
-            inputs, datasets = p.job.load("task").inputs(cfg)
-            config = {"job": p.job.name, "cfg": cfg.to_dict(), "run_id": mlflow_run.run_id, "tracking_uri": p.tracking,
-                      "run_dir": run_dir(cfg), **inputs}
-            result = fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
-        return finish(p, mlflow_run, result, register)
+    with contextlib.ExitStack() as ray_up:
+        ray_up.enter_context(ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)))
+        if cfg.num_workers > 0:  # a cluster joined by address, seen once connected: refused before the run opens
+            cfg.check_cluster(*cluster_resources())
+        with open_run(name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(), uri=p.tracking,
+                      **options) as mlflow_run:
+            if mlflow_run.finished:
+                return reported(p, mlflow_run)
+            where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
+            print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source(p)}, MLflow run {mlflow_run.run_id} at "
+                  f"{p.tracking}", flush=True)
+            result = fit_run(p, mlflow_run, worker_fn, trainer_kwargs)
+            ray_up.close()  # Ray shut down before the result is registered
+            return finish(p, mlflow_run, result, register)
+
+
+def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: dict) -> FitResult:
+    """Fit the job of an open run. A failure's reason is tagged on the run (``ropim.failure``); one in Ray's machinery
+    rather than the job's code or input (Ray Train's controller, an actor killed by Ray's memory monitor; not a worker
+    failure, Ray's ``WorkerGroupError``) becomes ``JobFailed``, one line (``failed``)."""
+    cfg = p.cfg
+    folder = run_dir(cfg)
+    try:
+        inputs, datasets = p.job.load("task").inputs(cfg)
+        config = {"job": p.job.name, "cfg": cfg.to_dict(), "run_id": mlflow_run.run_id, "tracking_uri": p.tracking,
+                  "run_dir": folder, **inputs}
+        return fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
+    except Exception as err:
+        store.set_tags(mlflow_run.run_id, {"ropim.failure": failure_reason(err)}, p.tracking)
+        if type(err).__module__.split(".")[0] != "ray" or hasattr(err, "worker_failures"):
+            raise
+        raise JobFailed(failed(p, mlflow_run, err)) from err
+
+
+def failed(p: Prepared, mlflow_run: Run, err: Exception) -> str:
+    """The line of a run that failed outside the job: why, the last epoch MLflow holds and the workers' peak memory
+    then, the uploads Ray never registered (removed), how to continue."""
+    cfg = p.cfg
+    removed = remove_uncommitted(run_dir(cfg)) if cfg.num_workers > 0 else []
+    c = store.client(p.tracking)
+    last = max((m.step for m in c.get_metric_history(mlflow_run.run_id, "epoch_time_s")), default=0)
+    kept = f"epoch {last}/{cfg.epochs} recorded last" if last else "no epoch recorded"
+    rss = c.get_run(mlflow_run.run_id).data.metrics.get("peak_rss_mb")
+    if rss is not None:
+        kept += f", workers at {rss / 1024:.1f} GiB peak RSS"
+    cleaned = f"; removed {len(removed)} checkpoint upload(s) Ray never registered ({', '.join(removed)})" \
+        if removed else ""
+    return (f"run {cfg.run_name} failed: {failure_reason(err)}; MLflow run {mlflow_run.run_id} marked FAILED ({kept})"
+            f"{cleaned}; continue from its last complete checkpoint with `{p.resume_hint}`")
+
+
+def cluster_resources() -> tuple[float, float, str]:
+    """(CPUs, GPUs, a name) of the Ray cluster this process is connected to."""
+    import ray
+
+    total = ray.cluster_resources()
+    return total.get("CPU", 0.0), total.get("GPU", 0.0), f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
 
 
 def pin(p: Prepared) -> Prepared:

@@ -231,6 +231,10 @@ class JobConfig:
         """The workers fit where they will run (``ropim.checks.check_local_resources``)."""
         check_local_resources(self.num_workers, self.cpus_per_worker, self.use_gpu, self.wait_for_resources)
 
+    def check_cluster(self, cpus: float, gpus: float, cluster: str) -> None:
+        """What the job needs of the Ray cluster it joined (``cpus``, ``gpus`` of ``cluster``, read after connecting,
+        before the trainer starts), beyond the workers fitting; nothing here (``ingest=ray_data`` needs CPUs left)."""
+
     def resolved(self):
         """The same config with its local paths (data source, storage) absolute (``ropim.paths``): workers may run in
         another folder."""

@@ -5,11 +5,12 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
     epoch: seed (seed, epoch, rank) → optimizer steps of ``accum_steps`` micro batches, fetched first, while every
     worker has them (the task's ``before_step``, autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly
     (power 1) schedule per step, over all steps or after the warm-up, a progress line every ``log_every`` steps) →
-    epoch stats over all workers → evaluation when due → rank 0's epoch hook → checkpoint when due → report.
+    epoch stats over all workers → evaluation when due → rank 0's epoch hook, its metrics recorded in MLflow →
+    checkpoint when due → report.
 
 Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
-at epoch ends and recorded with the next checkpoint; the loop waits for them only after its last epoch.
+at epoch ends and recorded with the epoch that collects them; the loop waits for them only after its last epoch.
 
 Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
 (the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
@@ -37,7 +38,7 @@ from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 from ropim.train.checkpoint import restore, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import LoopConfig
-from ropim.train.speed import autocast_dtype, grad_scaler, resolve_precision, tf32_matmuls
+from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
 from ropim.train.task import Task, Worker
 
 log = logging.getLogger("ropim.train")
@@ -60,6 +61,11 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak allocated GPU memory, or this process's peak resident memory on CPU, in MiB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    return peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB: what Ray's memory monitor weighs against the node's memory."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -95,6 +101,7 @@ class Loop:
                 skipped = f" ({'; '.join(unreadable)} cannot be loaded: the previous complete checkpoint is used)" \
                     if unreadable else ""
                 log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}{skipped}")
+        grads_in_weight_strides(self.model)
         self.ddp_model = worker.prepare(self.model)
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)
@@ -177,41 +184,41 @@ class Loop:
                  f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta / 60:.1f} min")
 
     def epoch_stats(self, tally: EpochTally) -> dict[str, float]:
-        """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory, and
-        the task's extra statistics (summed or maxed)."""
+        """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory (the
+        device's, and the largest worker's resident memory), and the task's extra statistics (summed or maxed)."""
         extra = self.data.stats
         values = [tally.loss_sum.item() / max(tally.steps, 1), tally.images, tally.time_s,
-                  peak_memory_mb(self.worker.device), tally.wait_s / max(tally.time_s, 1e-9),
+                  peak_memory_mb(self.worker.device), tally.wait_s / max(tally.time_s, 1e-9), peak_rss_mb(),
                   *(read() for read, _ in extra.values())]
         g = self.worker.gather(torch.tensor(values, dtype=torch.float64))  # (world, k)
-        reduced = [g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean()]
-        reduced += [g[:, 5 + i].sum() if how == "sum" else g[:, 5 + i].max()
+        reduced = [g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean(), g[:, 5].max()]
+        reduced += [g[:, 6 + i].sum() if how == "sum" else g[:, 6 + i].max()
                     for i, (_, how) in enumerate(extra.values())]
-        loss, images, time_s, peak_mb, wait_share, *rest = (v.item() for v in reduced)
+        loss, images, time_s, peak_mb, wait_share, rss_mb, *rest = (v.item() for v in reduced)
         return {self.task.loss_name: loss, "img_per_s": images / time_s, "epoch_time_s": time_s,
-                "peak_mem_mb": peak_mb, "data_wait_share": wait_share, **dict(zip(extra, rest, strict=True))}
+                "peak_mem_mb": peak_mb, "peak_rss_mb": rss_mb, "data_wait_share": wait_share,
+                **dict(zip(extra, rest, strict=True))}
 
     def run(self) -> None:
-        """Train from the restored epoch to the job's last epoch; report every epoch, checkpoint when due, record
-        the epochs' metrics once their checkpoint is reported."""
+        """Train from the restored epoch to the job's last epoch; record and report every epoch, checkpoint when
+        due."""
         cfg, worker = self.cfg, self.worker
         last_epoch = cfg.last_epoch(self.start_epoch)
-        unrecorded: list[dict] = []
         for epoch in range(self.start_epoch, last_epoch):
             try:
-                self.run_epoch(epoch, last_epoch, unrecorded)
+                self.run_epoch(epoch, last_epoch)
             except Diverged as err:  # every rank sees the same all-reduced gradients, so all stop here
                 if worker.rank == 0:
                     write_stop(self.task.run_dir, str(err), epoch + 1, self.step)
                 break
-            if cfg.checkpoints(epoch + 1, last_epoch):
-                unrecorded.clear()
         late = self.task.evaluations(wait=True)  # background evaluations still running: their epochs are saved
         if late and worker.rank == 0:
             self.task.record(late)
 
-    def run_epoch(self, epoch: int, last_epoch: int, unrecorded: list[dict]) -> None:
-        """One epoch: train, evaluate when due, report (with a checkpoint when due), record."""
+    def run_epoch(self, epoch: int, last_epoch: int) -> None:
+        """One epoch: train, evaluate when due, record its metrics (and the evaluations finished in the background)
+        before its checkpoint uploads, so that a run lost while uploading keeps them; report (with the checkpoint
+        when due)."""
         cfg, worker = self.cfg, self.worker
         seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
         self.ddp_model.train()
@@ -221,7 +228,9 @@ class Loop:
             metrics |= self.task.evaluate(self.model, epoch + 1, final=epoch + 1 == last_epoch)
         if worker.rank == 0:
             self.task.epoch_end(self.model, metrics)
-        unrecorded += [*self.task.evaluations(wait=False), metrics]  # earlier epochs evaluated in the background
+        done = self.task.evaluations(wait=False)  # earlier epochs evaluated in the background
+        if worker.rank == 0:
+            self.task.record([*done, metrics])
         folder = None
         if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
             folder = Path(tempfile.mkdtemp(prefix="ropim-checkpoint-"))
@@ -232,8 +241,6 @@ class Loop:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
         worker.report(metrics, folder, background=cfg.async_checkpoint)  # the worker owns the folder now
-        if folder is not None:
-            self.task.record(unrecorded)
 
 
 def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:

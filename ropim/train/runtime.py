@@ -20,12 +20,12 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note
-from ropim.train.checkpoint import forget_missing
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
+from ropim.train.snapshot import tidy
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -218,7 +218,7 @@ def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> Fi
     the loop stopped on a non-finite loss (``ropim.train.guard``)."""
     folder = loop_config["run_dir"]
     take_stop(folder)  # a stop recorded by an earlier job of this run is history
-    forget_missing(folder)  # Ray Train's list of the run's checkpoints: those deleted since are dropped
+    tidy(folder, ray=job.num_workers > 0)  # Ray Train's list of the run's checkpoints made true
     result = run_fit(fn, loop_config, job, **trainer_kwargs)
     stop = take_stop(folder)
     if stop is not None:

@@ -26,6 +26,22 @@ def images_to(x: torch.Tensor, device: torch.device, channels_last: bool = False
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
+def grads_in_weight_strides(model: torch.nn.Module) -> None:
+    """Each gradient of a weight with a size-1 dimension (a 1×1 convolution's) takes its weight's strides. Such
+    strides are free to differ in size-1 dimensions, over the same memory: oneDNN's bf16 backward returns 1×1 kernels'
+    gradients in channels_last strides, and DDP, which compares every stride with its bucket view's, warned "Grad
+    strides do not match bucket view strides" on every worker (UperNet's decoder)."""
+    for p in model.parameters():
+        if p.requires_grad and p.dim() > 1 and 1 in p.shape:
+            p.register_hook(functools.partial(in_strides_of, p))
+
+
+def in_strides_of(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` viewed with ``param``'s strides when they differ in size-1 dimensions only (the same elements)."""
+    same = all(a == b or n == 1 for a, b, n in zip(grad.stride(), param.stride(), grad.shape, strict=True))
+    return grad.as_strided(param.shape, param.stride()) if same and grad.stride() != param.stride() else grad
+
+
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool) -> Iterator[None]:
     """CUDA fp32 matmuls on TF32 tensor cores while the block runs (the process's setting restored after)."""

@@ -68,6 +68,7 @@ class Task(ABC):
         self.extra: dict = {}  # JSON-able extras for the next checkpoint's metrics.json (e.g. the last evaluation)
         self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
+        self.memory_shown = False  # the epoch line said what a worker needs in memory
 
     @classmethod
     def inputs(cls, cfg: JobConfig) -> tuple[dict, dict | None]:
@@ -104,8 +105,8 @@ class Task(ABC):
         """Rank 0, after each epoch: the progress line, pictures."""
 
     def record(self, epochs: list[dict]) -> None:
-        """Rank 0: store the metrics of ``epochs`` in MLflow, once the checkpoint that holds them is reported — so an
-        epoch retrained after a crash is recorded once."""
+        """Rank 0: store the metrics of ``epochs`` in MLflow as each epoch ends, before its checkpoint uploads; an
+        epoch trained again after a restart keeps its first record (``store.log_epochs``)."""
         store.log_epochs(self.run_id, epochs, self.tracking)
 
     def checkpoint_extra(self) -> dict:
@@ -113,11 +114,14 @@ class Task(ABC):
         return self.extra
 
     def log_epoch(self, metrics: dict, *shown: str) -> None:
-        """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA."""
+        """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA; the
+        job's first also what a worker needs in memory (the largest worker's peak resident memory so far)."""
         cfg, epoch = self.cfg, metrics["epoch"]
         eta = (cfg.epochs - epoch) * metrics["epoch_time_s"] / 60
+        memory = "" if self.memory_shown else f", peak RSS per worker {metrics['peak_rss_mb'] / 1024:.2f} GiB"
+        self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
-                 f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min")
+                 f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min{memory}")
 
     def sharded(self, dataset, micro_batch: int, processes: int = 0,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:

@@ -154,7 +154,7 @@ def test_a_deleted_newest_checkpoint_falls_back_to_the_previous_one_on_ray(workd
     steps = store.client().get_metric_history(result.run_id, "step")
     assert sorted((m.step, m.value) for m in steps) == [(1, 2), (2, 4), (3, 6)]  # epoch 2 again, recorded once
 
-    from ropim.train.checkpoint import forget_missing  # what the runtime calls before Ray Train reads the list
+    from ropim.train.snapshot import forget_missing  # what the runtime calls before Ray Train reads the list
 
     shutil.copytree(folder, workdir / "left")  # every checkpoint gone: one line, not a run started over
     for checkpoint in (p for p in (workdir / "left").glob("checkpoint_*") if p.is_dir()):

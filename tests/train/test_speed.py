@@ -3,6 +3,9 @@ setting, AdamW kernels, pinned copies) and a pretraining and a fine-tune with al
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from support import encoder_folder, tiny_finetune, tiny_pretrain
@@ -90,3 +93,38 @@ def test_cpu_features_reads_this_machine():
     found = cpu_features()
     assert isinstance(found["model"], str) and found["model"]
     assert found["native_bf16"] == (found["avx512_bf16"] or found["amx_bf16"])
+
+
+# One process, one rank of DDP over gloo: UperNet's decoder (1×1 convolutions) steps under bf16 autocast with its
+# weights' gradients in their weights' strides (the loop's grads_in_weight_strides), then a copy of it without. DDP
+# warns once per process, so the hooked model goes first.
+DDP_STRIDES = r"""
+import os, sys, warnings
+import timm, torch, torch.distributed as dist
+from ropim.core.upernet import UperNetViT
+from ropim.train.speed import grads_in_weight_strides
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+warned = []
+for hooked in (True, False):
+    encoder = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=2, num_classes=0)
+    model = UperNetViT(encoder, 5, channels=32, aux_channels=16)
+    if hooked:
+        grads_in_weight_strides(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits, aux = ddp(torch.randn(2, 3, 64, 64))
+            (logits.float().mean() + aux.float().mean()).backward()
+            model.zero_grad(set_to_none=True)
+    warned.append(any("Grad strides do not match bucket view strides" in str(w.message) for w in seen))
+print(warned)
+"""
+
+
+def test_ddp_sees_1x1_convolution_gradients_in_their_weights_strides(tmp_path):
+    out = subprocess.run([sys.executable, "-c", DDP_STRIDES, str(tmp_path / "rendezvous")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.stdout.strip() == "[False, True]", out.stderr[-3000:]  # the warning segmentation printed per worker

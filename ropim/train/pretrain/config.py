@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ropim.checks import COUNT, POSITIVE, Range
+from ropim.checks import COUNT, POSITIVE, Range, check_data_cpus, local_cpus
 from ropim.core.config import ModelConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
@@ -51,6 +51,21 @@ class PretrainConfig(JobConfig):
             raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
             raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
+
+    def check_resources(self) -> None:
+        """The workers fit this machine, and with ``ingest=ray_data`` leave Ray Data a CPU of the local cluster
+        (joined by address: ``check_cluster``, once connected)."""
+        super().check_resources()
+        cpus = local_cpus()
+        if self.ingest == "ray_data" and cpus is not None:
+            check_data_cpus(cpus, self.num_workers, self.cpus_per_worker, "this machine (the local Ray cluster)")
+
+    def check_cluster(self, cpus: float, gpus: float, cluster: str) -> None:
+        """With ``ingest=ray_data``, workers that fit the cluster as it is must leave Ray Data a CPU of it. Workers
+        that do not fit yet wait for nodes (``wait_for_resources``, an autoscaler) and are not judged here."""
+        fits = self.num_workers * self.cpus_per_worker <= cpus and (not self.use_gpu or self.num_workers <= gpus)
+        if self.ingest == "ray_data" and fits and not self.wait_for_resources:
+            check_data_cpus(cpus, self.num_workers, self.cpus_per_worker, cluster)
 
     @property
     def lr(self) -> float:
