@@ -240,8 +240,8 @@ def test_load_weights_names_what_does_not_fit_in_one_line():
 
 def test_beit_on_cpu_runs_the_unfused_attention_with_timms_numbers(monkeypatch):
     """On CPU the beit blocks skip F.scaled_dot_product_attention (with a learnable bias it falls back to torch's
-    slow math kernel) and give timm's numbers: fused timm in fp32 to float tolerance, forward and gradients; timm's
-    own unfused path bit for bit under bf16 autocast, drop path included."""
+    slow math kernel) and give timm's numbers: fused timm in fp32 to float tolerance, forward and gradients (through
+    checkpointed blocks too); timm's own unfused path bit for bit under bf16 autocast, drop path included."""
     enc = randomized(create_encoder(*spec("beit", drop_path_rate=0.2))).train()
     x = enc.patch_embed(imgs()).detach()
 
@@ -264,9 +264,14 @@ def test_beit_on_cpu_runs_the_unfused_attention_with_timms_numbers(monkeypatch):
         m.setattr(F, "scaled_dot_product_attention", None)  # any call would fail
         ours, grads = run(lambda: encode_patch_embeddings(enc, x), autocast=False)
         ours_bf16, grads_bf16 = run(lambda: encode_patch_embeddings(enc, x), autocast=True)
+        enc.set_grad_checkpointing(True)  # the same block, recomputed in the backward
+        ckpt, ckpt_grads = run(lambda: encode_patch_embeddings(enc, x), autocast=False)
+        enc.set_grad_checkpointing(False)
     torch.testing.assert_close(ours, fused, rtol=1e-5, atol=1e-6)
     for g, ref in zip(grads, fused_grads, strict=True):
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
+    assert torch.equal(ckpt, ours) and all(g is ref is None or torch.equal(g, ref)
+                                           for g, ref in zip(ckpt_grads, grads, strict=True))
     for blk in enc.blocks:
         blk.attn.fused_attn = False
     unfused_bf16, unfused_grads = run(timm_blocks, autocast=True)
