@@ -10,7 +10,8 @@ copy) in fp32 and under the same bf16 autocast as ``bf16``, imported at run time
 ``--official PATH`` (never shipped here). All rows of a shape are built first (compilation happens in the warm-up)
 and then timed round by round; ``x plain`` is the median of the per-round ratios plain / row, which cancels the
 machine's drift, and ``x official`` the same against the paper's model at the row's precision (``official bf16``
-for ``bf16``, ``official`` for the fp32 rows).
+for ``bf16``, ``official`` for the fp32 rows). ``cpu ms`` is the process's CPU time per step (all threads; on a
+busy machine the wall time grows while it waits for a core).
 
 FLOPs: one step of the library and one of the paper's model are counted with ``torch.utils.flop_counter`` (matmuls,
 convolutions and attention, forward and backward; elementwise work is not counted; the paper's dense Π products are
@@ -237,11 +238,13 @@ def run_shape(name: str, args: argparse.Namespace, peak: dict) -> dict:
         first_s[v] = time.perf_counter() - t0
         print(f"  {name} {v}: built + {args.warmup} warm-up steps in {first_s[v]:.1f} s", flush=True)
     sec: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}  # this process's CPU seconds (all threads)
     for _ in range(args.repeats):
         for v in variants:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             steps[v]()
             sec[v].append(time.perf_counter() - t0)
+            cpu[v].append(time.process_time() - c0)
     def ratio(ref: str, v: str) -> float | None:  # median over rounds of ref / v
         return statistics.median(a / b for a, b in zip(sec[ref], sec[v], strict=True)) if ref in sec else None
 
@@ -258,7 +261,8 @@ def run_shape(name: str, args: argparse.Namespace, peak: dict) -> dict:
                          x_official=None if official else ratio(f"official{' bf16' if prec == 'bf16' else ''}", v),
                          flops_per_step=counted, flop_per_s=counted / ms * 1e3,
                          of_peak=counted / ms * 1e3 / peak[prec] if peak[prec] else None,
-                         warmup_s=first_s[v], ms_samples=[1e3 * s for s in sec[v]]))
+                         cpu_ms_per_step=1e3 * statistics.median(cpu[v]), warmup_s=first_s[v],
+                         ms_samples=[1e3 * s for s in sec[v]]))
     profiles = {v: top_ops(steps[v]) for v in ("plain", "bf16", *OFFICIAL) if args.profile and v in steps}
     return dict(rows=rows, flops=flops, profiles=profiles)
 
@@ -298,13 +302,14 @@ def main(argv: list[str] | None = None) -> dict:
           if peak["fp32"] else "peak: no clock known (give --clock-ghz)", flush=True)
     for name in args.shapes:
         shapes[name] = run_shape(name, args, peak)
-    print(f"\n{'shape':<8} {'variant':<14} {'ms/step':>9} {'img/s':>8} {'x plain':>8} {'x official':>10} "
-          f"{'TFLOP/s':>8} {'of peak':>8} {'warm-up s':>10}")
+    print(f"\n{'shape':<8} {'variant':<14} {'ms/step':>9} {'cpu ms':>8} {'img/s':>8} {'x plain':>8} "
+          f"{'x official':>10} {'TFLOP/s':>8} {'of peak':>8} {'warm-up s':>10}")
     for r in (r for s in shapes.values() for r in s["rows"]):
         x_official = f"{r['x_official']:10.2f}" if r["x_official"] is not None else f"{'':>10}"
         of_peak = f"{r['of_peak']:8.1%}" if r["of_peak"] is not None else f"{'':>8}"
-        print(f"{r['shape']:<8} {r['variant']:<14} {r['ms_per_step']:9.1f} {r['img_per_s']:8.1f} {r['x_plain']:8.2f} "
-              f"{x_official} {r['flop_per_s'] / 1e12:8.3f} {of_peak} {r['warmup_s']:10.1f}")
+        print(f"{r['shape']:<8} {r['variant']:<14} {r['ms_per_step']:9.1f} {r['cpu_ms_per_step']:8.1f} "
+              f"{r['img_per_s']:8.1f} {r['x_plain']:8.2f} {x_official} {r['flop_per_s'] / 1e12:8.3f} {of_peak} "
+              f"{r['warmup_s']:10.1f}")
     for name, s in shapes.items():
         for v, ops in s["profiles"].items():
             print(f"{name} {v}: " + ", ".join(f"{o['op']} {100 * o['share']:.0f}% ({o['self_ms']:.0f} ms)"
