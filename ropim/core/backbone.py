@@ -15,7 +15,9 @@ Pure torch + timm: no Ray, no MLflow.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import timm
@@ -26,6 +28,7 @@ from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ropim.core.attention import beit_block_unfused
 from ropim.core.config import ARCHS, BACKBONES, WIDTHS
 from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
@@ -126,12 +129,16 @@ def encode_patch_embeddings(encoder: Encoder, x: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"encoder: expected a timm VisionTransformer or Beit, got {type(encoder).__name__}")
 
 
-def _run_blocks(encoder: Encoder, x: torch.Tensor, **block_kwargs) -> torch.Tensor:
+def _run_blocks(encoder: Encoder, x: torch.Tensor, *args: torch.Tensor | None,
+                block: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """x through every block as ``block(blk, x, *args)`` (None: ``blk(x, *args)``), checkpointed when the encoder
+    says so."""
     for blk in encoder.blocks:
+        fn = blk if block is None else functools.partial(block, blk)
         if encoder.grad_checkpointing and torch.is_grad_enabled():
-            x = checkpoint(blk, x, use_reentrant=False, **block_kwargs)
+            x = checkpoint(fn, x, *args, use_reentrant=False)
         else:
-            x = blk(x, **block_kwargs)
+            x = fn(x, *args)
     return x
 
 
@@ -159,7 +166,9 @@ def _encode_beit(enc: Beit, x: torch.Tensor) -> torch.Tensor:
         x = x + enc.pos_embed  # pos_embed (1, 1 + N, D)
     x = enc.pos_drop(x)
     bias = enc.rel_pos_bias() if enc.rel_pos_bias is not None else None  # (heads, 1 + N, 1 + N), shared by blocks
-    x = _run_blocks(enc, x, shared_rel_pos_bias=bias)  # (B, 1 + N, D)
+    own_tables = any(blk.attn.relative_position_bias_table is not None for blk in enc.blocks)
+    block = beit_block_unfused if x.device.type == "cpu" and bias is not None and not own_tables else None
+    x = _run_blocks(enc, x, bias, block=block)  # (B, 1 + N, D)
     x = enc.norm(x)
     return x[:, enc.num_prefix_tokens:]  # (B, N, D)
 

@@ -9,6 +9,7 @@ import timm
 import torch
 from timm.models.beit import RelativePositionBias
 from timm.optim import create_optimizer_v2
+from torch.nn import functional as F
 
 from ropim.core.backbone import (
     ARCHS,
@@ -235,3 +236,44 @@ def test_load_weights_names_what_does_not_fit_in_one_line():
     clone = create_encoder(*encoder_spec("vit", "vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1))
     load_weights(clone, tiny.state_dict(), "encoder X")
     assert all(torch.equal(a, b) for a, b in zip(clone.state_dict().values(), tiny.state_dict().values(), strict=True))
+
+
+def test_beit_on_cpu_runs_the_unfused_attention_with_timms_numbers(monkeypatch):
+    """On CPU the beit blocks skip F.scaled_dot_product_attention (with a learnable bias it falls back to torch's
+    slow math kernel) and give timm's numbers: fused timm in fp32 to float tolerance, forward and gradients (through
+    checkpointed blocks too); timm's own unfused path bit for bit under bf16 autocast, drop path included."""
+    enc = randomized(create_encoder(*spec("beit", drop_path_rate=0.2))).train()
+    x = enc.patch_embed(imgs()).detach()
+
+    def run(fn, autocast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        enc.zero_grad(set_to_none=True)
+        torch.manual_seed(3)  # drop path draws
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = fn()
+        out.float().square().mean().backward()
+        return out, [p.grad for p in enc.parameters()]
+
+    def timm_blocks() -> torch.Tensor:  # timm's own blocks with the shared bias, as forward_features runs them
+        bias, h = enc.rel_pos_bias(), torch.cat([enc.cls_token.expand(2, -1, -1), x], dim=1)
+        for blk in enc.blocks:
+            h = blk(h, shared_rel_pos_bias=bias)
+        return enc.norm(h)[:, 1:]
+
+    fused, fused_grads = run(timm_blocks, autocast=False)
+    with monkeypatch.context() as m:
+        m.setattr(F, "scaled_dot_product_attention", None)  # any call would fail
+        ours, grads = run(lambda: encode_patch_embeddings(enc, x), autocast=False)
+        ours_bf16, grads_bf16 = run(lambda: encode_patch_embeddings(enc, x), autocast=True)
+        enc.set_grad_checkpointing(True)  # the same block, recomputed in the backward
+        ckpt, ckpt_grads = run(lambda: encode_patch_embeddings(enc, x), autocast=False)
+        enc.set_grad_checkpointing(False)
+    torch.testing.assert_close(ours, fused, rtol=1e-5, atol=1e-6)
+    for g, ref in zip(grads, fused_grads, strict=True):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
+    assert torch.equal(ckpt, ours) and all(g is ref is None or torch.equal(g, ref)
+                                           for g, ref in zip(ckpt_grads, grads, strict=True))
+    for blk in enc.blocks:
+        blk.attn.fused_attn = False
+    unfused_bf16, unfused_grads = run(timm_blocks, autocast=True)
+    assert not torch.equal(ours_bf16, ours) and torch.equal(ours_bf16, unfused_bf16)  # autocast was on
+    assert all(g is ref is None or torch.equal(g, ref) for g, ref in zip(grads_bf16, unfused_grads, strict=True))
