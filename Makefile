@@ -6,12 +6,31 @@ PYTHON ?= python3
 # pip prints one "Location ... is ignored" line per package for this machine's local indexes; hide them.
 QUIET_PIP := { grep -v "^WARNING: Location" || true; }
 
-.PHONY: demo test test-faults test-cluster test-bench lint bench cluster-up cluster-down cluster-status clean
+# constraints.txt: the exact version of every package the README's numbers come from (Python 3.11, Linux x86-64);
+# `make lock` rewrites it; `make demo CONSTRAINTS=` installs pyproject's ranges unpinned instead
+LOCK_FILE := constraints.txt
+CONSTRAINTS ?= $(LOCK_FILE)
+LOCK_VENV := .lock-venv
 
-$(VENV)/.installed: pyproject.toml
+.PHONY: demo test test-faults test-cluster test-bench lint bench lock cluster-up cluster-down cluster-status clean
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]' 2>&1 \
+		| $(QUIET_PIP)
 	touch $@
+
+# resolve pyproject's ranges afresh in a scratch venv and pin what it got (then run `make demo` from a clean clone
+# and update the README's demo table)
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
+	{ echo "# make lock: every package of \`pip install -e '.[test]'\` at its exact version, ropim itself left out;"; \
+	  echo "# made with $$($(LOCK_VENV)/bin/python -V) on $$(uname -sm). make demo / make test install with -c $(LOCK_FILE)."; \
+	  $(LOCK_VENV)/bin/pip list --format=freeze --exclude-editable --exclude pip --exclude setuptools --exclude wheel \
+	    --disable-pip-version-check 2>/dev/null; } > $(LOCK_FILE)
+	rm -rf $(LOCK_VENV)
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/ropim demo
@@ -56,4 +75,4 @@ cluster-status:
 	$(VENV)/bin/python -m ropim.cluster status
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOCK_VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,10 +1,12 @@
 """Torch datasets of image + label-map pairs and their joint transforms (torchvision.transforms.v2, the label map a
 ``tv_tensors.Mask``: resized with nearest neighbours, padded with the ignore label). No Ray, no MLflow.
 
-Training (mmseg's ADE20K pipeline): random scale (the shorter side to 0.5–2.0 × the crop), random crop (padded with
-ignore where the image is smaller), horizontal flip, photometric distortion (brightness, contrast, saturation, hue,
-each with probability 0.5), normalisation. Evaluation: the shorter side resized to the crop size, normalised; the
-label map stays at its own size, where the metrics are computed.
+Training (mmseg's ADE20K pipeline, its crop and photometric distortion in ``ropim.data.seg_augment``): random scale
+(the shorter side to 0.5–2.0 × the crop), random crop redrawn while one class covers 75% of it (``cat_max_ratio``),
+horizontal flip, photometric distortion (brightness, contrast, saturation, hue, each with probability 0.5),
+normalisation, padding at the bottom and right to the crop (image 0 after normalisation, label map ignore).
+Evaluation: the shorter side resized to the crop size, normalised; the label map stays at its own size, where the
+metrics are computed.
 """
 
 from __future__ import annotations
@@ -17,23 +19,23 @@ from torchvision.transforms import v2
 
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.decode import BadImages
+from ropim.data.seg_augment import CAT_MAX_RATIO, CatMaxRandomCrop, PadBottomRight, PhotoMetricDistortion
 from ropim.data.seg_config import SegDataConfig
-from ropim.data.seg_sources import IGNORE, SegList, SegSource, open_seg_source
+from ropim.data.seg_sources import SegList, SegSource, open_seg_source
 from ropim.errors import ConfigError
 
 
 def seg_train_transform(crop: int, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
-                        photometric: bool = True) -> v2.Compose:
+                        photometric: bool = True, cat_max_ratio: float = CAT_MAX_RATIO) -> v2.Compose:
     """(uint8 Image, Mask) → (float32 (3, crop, crop) normalized, int64 (crop, crop)), the training augmentation."""
-    colour = [v2.RandomApply([t], p=0.5) for t in (v2.ColorJitter(brightness=32 / 255), v2.ColorJitter(contrast=0.5),
-                                                   v2.ColorJitter(saturation=0.5), v2.ColorJitter(hue=18 / 360))]
     return v2.Compose([
         v2.RandomResize(max(1, round(crop * scale[0])), round(crop * scale[1]) + 1),  # shorter side, uniform
-        v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+        CatMaxRandomCrop(crop, cat_max_ratio),
         v2.RandomHorizontalFlip(hflip),
-        *(colour if photometric else []),
+        *([PhotoMetricDistortion()] if photometric else []),
         v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
         v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        PadBottomRight(crop),
     ])
 
 

@@ -29,7 +29,9 @@ class ProbeConfig:
     knn_k: int = 20
     knn_temperature: float = 0.07
     linear_c: float = 1.0  # inverse L2 strength of the logistic regression (scikit-learn's C)
-    linear_max_iter: int = 1000  # L-BFGS iterations
+    linear_max_iter: int = 1000  # solver iterations (ropim.eval.linear: Newton-Cholesky or L-BFGS)
+    linear_threads: int | None = None  # BLAS / OpenMP threads of the probe's fit (None: 1 for the exact solver of
+    # small probes, bit for bit the same on any machine; the machine's for L-BFGS)
     use_gpu: bool = False
     dataloader_workers: int = 0
     cache_dir: str | None = None  # keep extracted features here (safetensors), keyed by weights, data and size
@@ -41,7 +43,8 @@ class ProbeConfig:
         """Raise ConfigError naming the bad field and its fix."""
         self.data.validate()
         check_fields(self, {"batch_size": COUNT, "knn_k": COUNT, "linear_max_iter": COUNT, "linear_c": POSITIVE,
-                            "knn_temperature": POSITIVE, "dataloader_workers": Range(0, integer=True), "seed": SEED,
+                            "linear_threads": Range(1, integer=True, optional=True), "knn_temperature": POSITIVE,
+                            "dataloader_workers": Range(0, integer=True), "seed": SEED,
                             "img_size": Range(1, integer=True, optional=True)})
         check_run_name(self.run_name)
         return self

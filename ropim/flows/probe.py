@@ -99,7 +99,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
         f = cached_features(encoder, state, data, img_size, val_set, cfg, device)
         n_classes = len(classes)
         lin = linear_probe(f["train_x"], f["train_y"], f["val_x"], f["val_y"], c=cfg.linear_c,
-                           max_iter=cfg.linear_max_iter, n_classes=n_classes)
+                           max_iter=cfg.linear_max_iter, n_classes=n_classes, threads=cfg.linear_threads)
         knn = knn_probe(f["train_x"].to(device), f["train_y"], f["val_x"].to(device), f["val_y"], cfg.knn_k,
                         cfg.knn_temperature, n_classes)
         results = {}

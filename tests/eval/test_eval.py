@@ -1,13 +1,18 @@
 """Frozen-feature evaluation on toy features: the linear probe and the cosine kNN separate what is separable and sit at
-chance on shuffled labels; top-k and confusion counts match a direct count."""
+chance on shuffled labels; the probe reaches the optimum of its objective whatever the caller's BLAS threads; top-k and
+confusion counts match a direct count."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
+from sklearn.exceptions import ConvergenceWarning
+from threadpoolctl import threadpool_limits
 
 from ropim.eval.knn import knn_probe, knn_top1
-from ropim.eval.linear import linear_probe
+from ropim.eval.linear import fit_linear_probe, linear_probe
 from ropim.eval.metrics import confusion_matrix, per_class_accuracy, topk_accuracy
 
 
@@ -39,6 +44,38 @@ def test_probe_and_knn_are_at_chance_on_shuffled_labels():
     knn = knn_probe(train_x, train_y, val_x, val_y, k=20)
     for r in (lin, knn):  # chance: 10% top-1, 50% top-5; 500 val points, so ± ~3 points is one std of top-5
         assert 3 < r["top1"] < 20 and 38 < r["top5"] < 62, r
+
+
+def correlated(n=1000, dim=64, n_classes=10, rank=8, seed=0):
+    """Features of rank ~8 in 64 dimensions and overlapping classes: an ill-conditioned fit, as frozen features give."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, rank, generator=g) @ torch.randn(rank, dim, generator=g)
+    x = x + 0.05 * torch.randn(n, dim, generator=g)
+    y = (x @ torch.randn(dim, n_classes, generator=g) + 3 * torch.randn(n, n_classes, generator=g)).argmax(1)
+    return x, y
+
+
+def objective_gradient(probe, x, y, c=1.0) -> float:
+    """max |∂/∂(W, b)| of scikit-learn's objective C · Σ cross-entropy + ½‖W‖² at the fitted probe (float64)."""
+    z = torch.as_tensor(probe[0].transform(x.numpy()), dtype=torch.float64)
+    w = torch.tensor(probe[-1].coef_, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(probe[-1].intercept_, dtype=torch.float64, requires_grad=True)
+    loss = c * torch.nn.functional.cross_entropy(z @ w.T + b, y, reduction="sum") + 0.5 * (w ** 2).sum()
+    loss.backward()
+    return max(w.grad.abs().max().item(), b.grad.abs().max().item())
+
+
+def test_probe_reaches_the_optimum_whatever_the_threads():
+    x, y = correlated()
+    probe = fit_linear_probe(x, y)
+    assert objective_gradient(probe, x, y) < 1e-3  # scikit-learn's default L-BFGS stopped at ~0.08 here
+    with threadpool_limits(2):
+        again = fit_linear_probe(x, y)  # the fit pins its own threads: bit for bit the same
+    assert (again[-1].coef_ == probe[-1].coef_).all() and (again[-1].intercept_ == probe[-1].intercept_).all()
+    wide_x, wide_y = correlated(n=200, dim=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # 50 iterations: enough to see the solver
+        assert fit_linear_probe(wide_x, wide_y, max_iter=50)[-1].solver == "lbfgs"  # 501 × 10 weights: no Hessian
 
 
 def test_topk_and_confusion_match_a_direct_count():
