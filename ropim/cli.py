@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "ropim")
+    from ropim.tracking.signals import STOP
+
+    installed = STOP.install()  # a stop signal from the first line on ends the command in one line
     try:
         parser, plugin_commands = build_parser(command)
         args = parser.parse_args(argv)
@@ -229,19 +232,30 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
             commands.run_job(args.command, ns, typed_fields(parser, argv, args.command))
         else:
             commands.runner(args.command)(ns)
-    except ERRORS as err:
-        raise SystemExit(f"ropim {command}: {err}") from None
-    except ArgumentError as err:
-        where = "ropim" if "invalid choice" in str(err) else f"ropim {command}"
-        raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
-    except KeyboardInterrupt as err:  # a stop signal: the run said how it ended (``ropim.tracking.signals``)
-        raise SystemExit(stop_status(err)) from None
+    except KeyboardInterrupt as err:  # a stop signal: an open run said how it ended (``ropim.tracking.signals``)
+        raise SystemExit(stopped(command, err)) from None
+    except Exception as err:
+        if STOP.received is not None:  # a library made the stop signal into another error
+            raise SystemExit(stopped(command, err)) from None
+        if isinstance(err, ERRORS):
+            raise SystemExit(f"ropim {command}: {err}") from None
+        if isinstance(err, ArgumentError):
+            where = "ropim" if "invalid choice" in str(err) else f"ropim {command}"
+            raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
+        raise
+    finally:
+        if installed:
+            STOP.restore()
 
 
-def stop_status(err: KeyboardInterrupt) -> int:
-    """The exit status of a job ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM)."""
+def stopped(command: str, err: BaseException) -> int:
+    """The exit status of a command ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM), after
+    one line when no run was open to say how it ended."""
     from ropim.tracking.signals import STOP
 
+    if not STOP.reported:
+        print(f"ropim {command}: stopped by {STOP.name(err)} while no run was open; nothing recorded",
+              file=sys.stderr, flush=True)
     return 128 + signal.Signals[STOP.name(err)]
 
 

@@ -53,7 +53,8 @@ class SweepConfig:
     name: str | None = None  # the sweep's folder under storage_path and its MLflow parent run name
     storage_path: str = "ray_results"
     experiment: str = "ropim-sweep"
-    register: bool = True  # register the best trial's encoder and apply the champion rule
+    register: bool = True  # register the best trial's encoder and apply the champion rule (not when the pretraining's
+    # registered_model is "", as for every job)
     pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
     finetune: dict = field(default_factory=dict)  # metric finetune_top1: FinetuneConfig fields of every trial's
     # fine-tune (those of FINETUNE_FROM_TRIAL come from the trial)

@@ -155,7 +155,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
     if best is not None:
         store.log_metrics(parent, {f"best_{cfg.metric}": best[cfg.metric]}, 0, uri)
         store.set_tags(parent, {"ropim.best_trial": best["trial"], "ropim.best_run_id": best["mlflow_run"]}, uri)
-        if cfg.register:
+        if cfg.register and cfg.pretrain.get("registered_model", "ropim-encoder"):  # "": register nothing
             encoder_uri, decisions = register_best(cfg, best, parent, uri)
             store.set_tags(parent, {"ropim.encoder_uri": encoder_uri, **{
                 f"ropim.alias.{a}": ("moved: " if moved else "not moved: ") + why

@@ -19,7 +19,7 @@ from typing import Literal
 
 from jsonargparse import ArgumentParser, Namespace
 
-from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stop_status
+from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stopped
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
 from ropim.train.finetune.config import FinetuneConfig
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     except ArgumentError as err:
         raise SystemExit(f"ropim sweep: {one_line(err)} (see `ropim sweep --help`)") from None
     except KeyboardInterrupt as err:
-        raise SystemExit(stop_status(err)) from None
+        raise SystemExit(stopped("sweep", err)) from None
 
 
 if __name__ == "__main__":

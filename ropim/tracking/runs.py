@@ -75,6 +75,7 @@ class Run:
     lock: str | None = None  # the run folder's lock this job holds (``ropim.tracking.lock``)
     resume: str | None = None  # how to continue the run, printed when a stop signal ends it
     signals: bool = False  # this run installed the stop-signal handlers (``ropim.tracking.signals``)
+    recorded: bool = False  # the job recorded its outcome (registered, or marked stopped): a late signal keeps it
 
     def stop(self) -> None:
         """End this job's part of the run on purpose (KILLED); re-running the same name continues it."""
@@ -90,8 +91,16 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        stopped = exc_type is not None and (issubclass(exc_type, KeyboardInterrupt) or STOP.received is not None)
         try:
-            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            if stopped:
+                STOP.reported = True
+            if stopped and (self.recorded or self.finished):  # the signal came once the outcome was recorded
+                if not self.finished:
+                    end_run(self.run_id, self.outcome, self.tracking_uri)
+                print(f"[run] {self.name} stopped by {STOP.name(exc)} once its outcome was recorded: MLflow run "
+                      f"{self.run_id} {self.outcome}", file=sys.stderr, flush=True)
+            elif stopped:  # a stop signal, or an error a library made of it
                 end_run(self.run_id, "KILLED", self.tracking_uri)
                 how = f"; continue with: {self.resume}" if self.resume else ""
                 print(f"[run] {self.name} stopped by {STOP.name(exc)}: MLflow run {self.run_id} marked "
@@ -119,18 +128,22 @@ def open_run(*, experiment: str, name: str, config: dict, storage_path: str | No
     main thread, SIGINT and SIGTERM end the run KILLED and print ``resume``, the command that continues it."""
     uri = uri or tracking_uri()
     signals = STOP.install()
-    held = None
+    held = run = None
     try:
-        held = acquire(storage_path, name) if storage_path is not None and lock else None
-        run = open_locked(experiment, name, config, storage_path, title, resumable, tags, params, config_artifact,
-                          uri, normalize)
-    except BaseException:
-        if held is not None:
-            release(held)
-        if signals:
-            STOP.restore()
+        with STOP.deferred():  # a stop signal while the run opens is raised once it is open, then ends it KILLED
+            held = acquire(storage_path, name) if storage_path is not None and lock else None
+            run = open_locked(experiment, name, config, storage_path, title, resumable, tags, params,
+                              config_artifact, uri, normalize)
+            run.lock, run.resume, run.signals = held, resume, signals
+    except BaseException as err:
+        if run is not None:
+            run.__exit__(type(err), err, err.__traceback__)
+        else:
+            if held is not None:
+                release(held)
+            if signals:
+                STOP.restore()
         raise
-    run.lock, run.resume, run.signals = held, resume, signals
     return run
 
 

@@ -9,6 +9,12 @@ more. A first signal that arrives during a call on the tracking store (``deferre
 so that a write is never cut in half (an interrupted sqlite commit keeps the store locked, and the run could not be
 marked KILLED). Libraries that replace the handlers while they run (``ray.init`` for SIGTERM, Ray Train's ``fit``
 on the main thread for SIGINT) are kept from doing so by their callers (``ropim.train.runtime``).
+
+A stop must survive landing anywhere. Python ignores an exception raised where it cannot propagate (an at-fork hook
+such as ``logging``'s, a ``__del__``, a weakref callback) and reports it to ``sys.unraisablehook``: while the handlers
+are installed, an ``Interrupted`` reported there is raised again on the main thread a moment later,
+so the job stops instead of running on with the signal spent. A job whose code turns the interrupt into another
+error still ends KILLED (``received``).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REDELIVER_S = 0.05  # a stop Python dropped is raised again this long after (dropped again: again)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -43,9 +51,16 @@ class StopSignals:
         self.received: int | None = None
         self.depth = 0  # the main thread's open ``deferred`` blocks
         self.held = False  # a signal arrived inside one: raised when the outermost ends
+        self.again = False  # the next handler call raises the received signal again (it was swallowed)
+        self.hook = None  # sys.unraisablehook before ``install``
+        self.reported = False  # a run said how the stop ended it (``ropim.tracking.runs.Run``)
+        self.timer: threading.Timer | None = None  # a dropped stop, to be raised again
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:
+        if self.again:
+            self.again = False
+            signum = self.received
+        elif self.received is not None:
             os._exit(128 + signum)  # a second signal: at once, as the user asked
         self.received = signum
         if self.depth:
@@ -75,10 +90,28 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread() or self.previous is not None:
             return False
         self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-        self.received, self.held = None, False
+        self.received, self.held, self.again, self.reported = None, False, False, False
         for s in STOP_SIGNALS:
             signal.signal(s, self.handle)
+        self.hook, sys.unraisablehook = sys.unraisablehook, self.unraisable
         return True
+
+    def unraisable(self, report) -> None:
+        """``sys.unraisablehook`` while installed: an ``Interrupted`` Python had to drop is raised again on the main
+        thread; anything else goes to the previous hook."""
+        if isinstance(report.exc_value, Interrupted) and self.received is not None:
+            self.again = True  # the next SIGINT raises the received signal; sent once the main thread has left
+            self.timer = threading.Timer(REDELIVER_S, signal.raise_signal, (signal.SIGINT,))  # the code that dropped it
+            self.timer.daemon = True
+            self.timer.start()
+        else:
+            self.hook(report)
+
+    def deliver(self, signum: int) -> None:
+        """A stop signal that a library's own handler caught (``ray.init`` exits on SIGTERM): handled as ours."""
+        if self.previous is None:
+            raise Interrupted(signum)
+        self.handle(signum, None)
 
     def name(self, err: BaseException | None = None) -> str:
         """The stop signal that ended the job: ``err``'s, else the one received (libraries that catch the
@@ -89,9 +122,11 @@ class StopSignals:
         """Give the stop signals back to the handlers they had before ``install``."""
         if self.previous is None:
             return
+        if self.timer is not None:
+            self.timer.cancel()
         for s, previous in self.previous.items():
             signal.signal(s, previous)
-        self.previous = None
+        sys.unraisablehook, self.previous = self.hook, None
 
 
 STOP = StopSignals()  # one per process: signals are process-wide

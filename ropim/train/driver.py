@@ -20,6 +20,7 @@ from ropim.errors import JobFailed
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import Run, open_run
+from ropim.tracking.signals import STOP
 from ropim.train.downstream import run_tags
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.failures import failure_reason
@@ -163,10 +164,11 @@ def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> J
                 if p.job.results:
                     p.job.load("results")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
                 if cfg.registered_model:  # "" = do not register, for every job
-                    uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
-        if uri:
-            store.set_tags(mlflow_run.run_id, {p.job.model_tag: uri}, p.tracking)
-        mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics)
+                    with STOP.deferred():  # a version registered is recorded as the run's outcome before a stop
+                        uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+                        record(p, mlflow_run, result, uri)
+        if not mlflow_run.recorded:
+            record(p, mlflow_run, result, uri)
         print(f"[{cfg.kind}] registered {p.job.model} {uri}" if uri else
               f"[{cfg.kind}] finished, nothing registered: {result.checkpoint_path}", flush=True)
     else:
@@ -174,6 +176,14 @@ def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> J
         print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue with "
               f"`{p.resume_hint}`", flush=True)
     return JobResult(mlflow_run.run_id, cfg.run_name, uri, result.checkpoint_path, result.metrics)
+
+
+def record(p: Prepared, mlflow_run: Run, result: FitResult, uri: str | None) -> None:
+    """Record a finished run's outcome: its model's URI as a tag, the stored metadata."""
+    if uri:
+        store.set_tags(mlflow_run.run_id, {p.job.model_tag: uri}, p.tracking)
+    mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics)
+    mlflow_run.recorded = True
 
 
 def reported(p: Prepared, mlflow_run: Run) -> JobResult:

@@ -10,8 +10,6 @@ import functools
 import json
 import logging
 import math
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
 from ropim.train.snapshot import tidy
+from ropim.train.stopping import fit_trainer, sigterm_kept
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -44,11 +43,9 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
 
     started = needed and not ray.is_initialized()
     if started:
-        handler = signal.getsignal(signal.SIGTERM)
         even_worker_priority()  # a local cluster's workers at this process's priority, not Ray's nice 15
-        ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
-        if callable(handler):  # ray.init replaces the caller's SIGTERM handler (``ropim.tracking.signals``)
-            signal.signal(signal.SIGTERM, handler)
+        with sigterm_kept():
+            ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
         note = cluster_note(paths or {}, sum(1 for n in ray.nodes() if n.get("Alive")))
         if note:
             print(note, flush=True)
@@ -267,30 +264,6 @@ def input_error(err: BaseException) -> ConfigError | None:
                  *getattr(e, "worker_failures", {}).values()]
         todo += [x for x in inner if isinstance(x, BaseException)]
     return None
-
-
-def fit_trainer(trainer):
-    """``trainer.fit()``; called from the main thread, it runs in a helper thread and the main thread waits, so that
-    stop signals reach the run's handlers (``ropim.tracking.signals``): Ray Train's ``fit`` on the main thread
-    replaces the SIGINT handler with its own, which aborts the run as a crash."""
-    if threading.current_thread() is not threading.main_thread():
-        return trainer.fit()
-    outcome: dict = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as err:  # handed to the main thread
-            outcome["error"] = err
-
-    helper = threading.Thread(target=target, name="ropim-fit", daemon=True)
-    helper.start()
-    while helper.is_alive():
-        helper.join(0.5)  # a stop signal raises here; the workers then stop with this driver
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
-
 
 
 def gpu_or_cpu(use_gpu: bool) -> torch.device:

@@ -280,7 +280,7 @@ SEGMENT = ["--segment.data.canvases", "20", "--segment.data.canvas_size", "32", 
            "--segment.epochs", "1", "--segment.batch_size", "2", "--segment.max_steps_per_epoch", "1",
            "--segment.channels", "8", "--segment.aux_channels", "8", "--segment.viz_images", "0"]
 SEGMENT_SWEEP = ["--metric", "segment_miou", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}), *TINY,
-                 "--epochs", "1", *SEGMENT, "--name", "seg", "--no-register"]
+                 "--epochs", "1", *SEGMENT, "--name", "seg", "--registered_model", ""]  # "": as --no-register
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +313,8 @@ def test_segmentation_objective_trains_upernet_on_each_trials_encoder(segment_sw
     assert seg_run.info.status == "FINISHED" and seg_run.data.metrics["miou"] == pytest.approx(miou)
     assert seg_run.data.tags["ropim.encoder_uri"] == f"runs:/{trial.info.run_id}/encoder"
     assert "segment_miou (%) by rho" in (workdir / "seg.out").read_text()
-    assert not c.search_model_versions(f"run_id='{trial.info.run_id}'")  # --no-register
+    assert not c.search_model_versions(f"run_id='{trial.info.run_id}'")  # registered_model ""
+    assert "ropim.encoder_uri" not in parent.data.tags and "encoder None" in (workdir / "seg.out").read_text()
 
 
 @pytest.mark.faults
