@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ropim.errors import ConfigError
+from ropim.paths import is_uri
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -81,7 +82,7 @@ def check_location(location: str | None, field: str) -> None:
     """A storage or data URI may not carry credentials (``s3://KEY:SECRET@bucket/…``, ``?secret_key=…``): they would
     be logged with the run's config (MLflow params) and printed. ConfigError pointing to the environment variables,
     showing the URI without them."""
-    if not isinstance(location, str) or "://" not in location:
+    if not isinstance(location, str) or not is_uri(location):
         return
     from urllib.parse import parse_qsl, urlsplit
 

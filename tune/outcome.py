@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ropim.paths import is_uri
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
 from ropim.tracking.runs import Run
@@ -144,7 +145,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
     if cfg.search == "tpe":
         study = load_study(cfg) or report.rebuild_study(rows, cfg.space, cfg.metric)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) if "://" in cfg.storage_path else Path(cfg.storage_path) / cfg.name / "report"
+        folder = Path(tmp) if is_uri(cfg.storage_path) else Path(cfg.storage_path) / cfg.name / "report"
         files = report.write_report(rows, cfg.metric, folder, title, grid_over_rho=grid_over_rho, study=study)
         c = store.client(uri)
         for path in files.values():

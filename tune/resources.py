@@ -17,7 +17,7 @@ import time
 import pyarrow.fs as pafs
 from ray.tune import Callback
 
-from ropim.tracking.storage import storage_fs
+from ropim.filesystems import filesystem
 from ropim.train.runtime import WorkerFn
 from ropim.train.task import Worker
 
@@ -32,7 +32,7 @@ def record_placement_group(worker_fn: WorkerFn, config: dict, worker: Worker) ->
     pg = get_current_placement_group()
     if pg is not None and worker.rank == 0:
         cfg = config["cfg"]
-        fs, folder = storage_fs(f"{cfg['storage_path']}/{cfg['run_name']}/{PG_FOLDER}")
+        fs, folder = filesystem(f"{cfg['storage_path']}/{cfg['run_name']}/{PG_FOLDER}")
         fs.create_dir(folder, recursive=True)
         with fs.open_output_stream(f"{folder}/{pg.id.hex()}"):
             pass
@@ -44,7 +44,7 @@ def release(run_dir: str) -> int:
     import ray
     from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
 
-    fs, folder = storage_fs(f"{run_dir}/{PG_FOLDER}")
+    fs, folder = filesystem(f"{run_dir}/{PG_FOLDER}")
     if fs.get_file_info(folder).type != pafs.FileType.Directory:
         return 0
     removed = 0
@@ -62,7 +62,7 @@ def release(run_dir: str) -> int:
 
 def release_all(train_storage: str) -> int:
     """``release`` every trial folder under the sweep's Train storage (call when no trial of it runs)."""
-    fs, root = storage_fs(train_storage)
+    fs, root = filesystem(train_storage)
     if fs.get_file_info(root).type != pafs.FileType.Directory:
         return 0
     return sum(release(f"{train_storage}/{info.base_name}") for info in fs.get_file_info(pafs.FileSelector(root))

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import optuna
 
+from ropim.paths import is_uri
 from tune.config import SweepConfig
 
 
 def study_storage(cfg: SweepConfig) -> optuna.storages.RDBStorage | None:
     """The sqlite storage ``<storage_path>/<name>/optuna.db`` of a sweep on local storage (None on remote storage:
     the study then lives with the searcher in Tune's own experiment state)."""
-    if "://" in cfg.storage_path:
+    if is_uri(cfg.storage_path):
         return None
     folder = Path(cfg.storage_path) / cfg.name
     folder.mkdir(parents=True, exist_ok=True)

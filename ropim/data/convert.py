@@ -38,7 +38,7 @@ from ropim.data.layout import filesystem
 from ropim.data.lists import ImageList
 from ropim.data.sources import open_source, split_list
 from ropim.errors import ConfigError
-from ropim.paths import resolve_path
+from ropim.paths import is_uri, resolve_path
 
 ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encoded images
 META_KEY = b"ropim.shard"
@@ -70,7 +70,7 @@ def encode(data: bytes | np.ndarray) -> bytes:
 def check_destination(source: str, dst: str) -> None:
     """The destination may not be the source, lie inside it, or hold it: one error before anything is written."""
     def norm(location: str) -> str:
-        return location.rstrip("/") if "://" in location else filesystem(location)[1].rstrip("/")
+        return location.rstrip("/") if is_uri(location) else filesystem(location)[1].rstrip("/")
 
     src, out = norm(source), norm(dst)
     if src == out:

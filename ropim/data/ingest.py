@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import FileShuffleConfig, RandomSeedConfig
 
+from ropim.data import footers
 from ropim.data.augment import augment as augment_image
 from ropim.data.augment import normalize, resize
 from ropim.data.config import DataConfig
@@ -202,7 +202,7 @@ def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augmen
         files = src.files[split] if src.own_split else src.files["all"]
         kwargs["keep_val"] = None if src.own_split else split == "val"
         shuffle = None if shuffle_seed is None else FileShuffleConfig(seed=shuffle_seed, reseed_after_execution=True)
-        has_path = "path" in pq.read_schema(files[0], filesystem=src.fs).names
+        has_path = "path" in footers.schema(src.fs, files[0]).names
         ds = ray.data.read_parquet(files, filesystem=src.fs, shuffle=shuffle)
         ds = ds.select_columns(["image", "label"] + (["path"] if has_path else []))
         # Ray 2.60 bin-packs small shards into one read unit of up to 128 MiB (one block): cut it into

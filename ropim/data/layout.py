@@ -20,9 +20,11 @@ import posixpath
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
+from ropim.data import footers
 from ropim.errors import ConfigError
+from ropim.filesystems import filesystem as open_location
+from ropim.paths import is_uri
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
 VAL_NAMES = ("val", "validation", "test")
@@ -30,18 +32,14 @@ HINT = ("give 'digits', an ImageFolder tree (ROOT/<class>/<image>), a CIFAR pyth
         "(cifar-10-batches-py/), or Parquet shards (a folder, glob or s3:// URI)")
 
 
-def is_uri(location: str) -> bool:
-    return "://" in location
-
-
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path inside it) for a local path or a URI such as ``s3://bucket/prefix``."""
     if is_uri(location):
         try:
-            return pafs.FileSystem.from_uri(location)
+            return open_location(location)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
             raise ConfigError(f"data source {location!r}: cannot open this URI ({err}); {HINT}") from None
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
+    return open_location(location)
 
 
 PARQUET_ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
@@ -199,10 +197,10 @@ def check_source(source: str, forced: str = "auto") -> str:
         rows = 0
         for f in files:  # every footer: a shard cut short fails here, before any work starts
             try:
-                rows += pq.read_metadata(f, filesystem=fs).num_rows
+                rows += footers.num_rows(fs, f)
             except PARQUET_ERRORS as err:
                 raise unreadable_parquet(location, f, err) from None
-        schema = pq.read_schema(files[0], filesystem=fs)
+        schema = footers.schema(fs, files[0])
         missing = [c for c in ("image", "label") if c not in schema.names]
         if missing:
             raise ConfigError(f"data source {location!r}: {files[0]} has no {' / '.join(missing)} column "

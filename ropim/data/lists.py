@@ -8,8 +8,8 @@ import pickle
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ropim.data import footers
 from ropim.data.layout import PARQUET_ERRORS, unreadable_parquet
 
 
@@ -89,7 +89,7 @@ class ParquetList(ImageList):
             if self.cache_files is not None and len(self._cache) >= self.cache_files:
                 self._cache.pop(next(iter(self._cache)))
             try:
-                col = pq.read_table(self.files[f], columns=["image"], filesystem=self.fs)["image"]
+                col = footers.read_columns(self.fs, self.files[f], ["image"])["image"]
             except PARQUET_ERRORS as err:
                 raise unreadable_parquet(self.files[f], self.files[f], err) from None
             self._cache[f] = col.take(pa.array(self.rows[f]))
@@ -102,7 +102,7 @@ class ParquetList(ImageList):
         if f is None:
             return []
         try:
-            group = pq.ParquetFile(self.files[f], filesystem=self.fs).read_row_group(0, columns=["image"])["image"]
+            group = footers.read_columns(self.fs, self.files[f], ["image"], row_group=0)["image"]
         except PARQUET_ERRORS as err:
             raise unreadable_parquet(self.files[f], self.files[f], err) from None
         rows = self.rows[f][self.rows[f] < len(group)][:k]

@@ -24,15 +24,16 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.parquet as pq
 from PIL import Image
 
+from ropim.data import footers
 from ropim.data.config import DataConfig
 from ropim.data.decode import decode_rgb
-from ropim.data.layout import is_image, is_uri, parquet_files, parquet_split_of
+from ropim.data.layout import is_image, parquet_files, parquet_split_of
 from ropim.data.lists import split_indices
 from ropim.data.sources import class_names, in_val
 from ropim.errors import ConfigError
+from ropim.paths import is_uri
 
 SegDataConfig = DataConfig  # ropim.data.seg_config's subclass, which imports this module to check a source
 
@@ -116,7 +117,7 @@ class ParquetSegList(SegList):
     def raw(self, i: int) -> tuple[bytes, bytes]:
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         if self.cache is None or self.cache[0] != f:
-            table = pq.read_table(self.files[f], columns=["image", "mask"], filesystem=self.fs)
+            table = footers.read_columns(self.fs, self.files[f], ["image", "mask"])
             self.cache = (f, table.take(self.rows[f]).to_pydict())
         j = i - int(self.offsets[f])
         return self.cache[1]["image"][j], self.cache[1]["mask"][j]
@@ -230,7 +231,7 @@ def open_folders(cfg: SegDataConfig, fmt: str) -> SegSource:
 def open_parquet(cfg: SegDataConfig) -> SegSource:
     """Parquet shards with image + mask columns."""
     fs, files = parquet_files(cfg.source)
-    schema = pq.read_schema(files[0], filesystem=fs)
+    schema = footers.schema(fs, files[0])
     missing = [c for c in ("image", "mask") if c not in schema.names]
     if missing:
         raise ConfigError(f"data source {cfg.source!r}: {files[0]} has no {' / '.join(missing)} column (columns: "
@@ -246,7 +247,7 @@ def open_parquet(cfg: SegDataConfig) -> SegSource:
         chosen = own[s] if own["val"] else files
         rows, paths = [], []
         for f in chosen:
-            names = pq.read_table(f, columns=["path"], filesystem=fs)["path"].to_pylist()
+            names = footers.read_columns(fs, f, ["path"])["path"].to_pylist()
             idx = np.arange(len(names))
             if not own["val"]:
                 idx = idx[in_val(names, cfg.split_seed, cfg.val_fraction) == (s == "val")]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
+from ropim.data import footers
 from ropim.data.config import DataConfig
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.layout import (
@@ -74,7 +74,7 @@ def class_names(names: object, where: str) -> list[str]:
 
 def _parquet_classes(fs, files: list[str]) -> list[str]:
     """Class names from the schema metadata, a classes.json beside the shards, or "0".."K-1" from the labels."""
-    meta = pq.read_schema(files[0], filesystem=fs).metadata or {}
+    meta = footers.schema(fs, files[0]).metadata or {}
     if b"classes" in meta:
         return class_names(json.loads(meta[b"classes"]), f"{files[0]}'s schema metadata")
     for folder in dict.fromkeys(posixpath.dirname(f) for f in files[:1] + files[-1:]):
@@ -83,7 +83,7 @@ def _parquet_classes(fs, files: list[str]) -> list[str]:
             if fs.get_file_info(p).type == pafs.FileType.File:
                 with fs.open_input_stream(p) as f:
                     return class_names(json.loads(f.read()), p)
-    max_label = max((pc.max(pq.read_table(f, columns=["label"], filesystem=fs)["label"]).as_py() or 0)
+    max_label = max((pc.max(footers.read_columns(fs, f, ["label"])["label"]).as_py() or 0)
                     for f in files)
     return [str(i) for i in range(max_label + 1)]
 
@@ -141,8 +141,8 @@ def _parquet_list(src: Source, files: list[str], keep_val: bool | None, cfg: Dat
     rows, labels, paths = [], [], []
     for f in files:
         try:
-            names = pq.read_schema(f, filesystem=src.fs).names
-            t = pq.read_table(f, columns=["label"] + (["path"] if "path" in names else []), filesystem=src.fs)
+            names = footers.schema(src.fs, f).names
+            t = footers.read_columns(src.fs, f, ["label"] + (["path"] if "path" in names else []))
         except PARQUET_ERRORS as err:
             raise unreadable_parquet(cfg.source, f, err) from None
         lab = t["label"].to_numpy(zero_copy_only=False).astype(np.int64)
@@ -155,7 +155,7 @@ def _parquet_list(src: Source, files: list[str], keep_val: bool | None, cfg: Dat
         if keep_val is not None:
             keys = list(pth)
             if any(k is None for k in keys):  # no path: hash the image bytes
-                img = pq.read_table(f, columns=["image"], filesystem=src.fs)["image"].to_pylist()
+                img = footers.read_columns(src.fs, f, ["image"])["image"].to_pylist()
                 keys = [k if k is not None else b for k, b in zip(keys, img, strict=True)]
             idx = idx[in_val(keys, cfg.split_seed, cfg.val_fraction) == keep_val]
         rows.append(idx)

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from ropim.errors import ConfigError
-from ropim.tracking.storage import storage_fs
+from ropim.filesystems import filesystem
+from ropim.paths import is_uri
 
 LOCK = ".lock"
 
@@ -51,7 +52,7 @@ def alive(holder: dict) -> bool:
 
 def acquire(storage_path: str, name: str) -> str:
     """Take the lock of run ``name`` (RunInUse when a live job holds it); return the lock's path."""
-    if "://" in storage_path:
+    if is_uri(storage_path):
         return acquire_remote(storage_path, name)
     path = Path(storage_path).absolute() / name / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def in_use(name: str, storage_path: str, held: dict) -> RunInUse:
 
 def acquire_remote(storage_path: str, name: str) -> str:
     """The remote-storage lock: write, read back, keep only if still ours."""
-    fs, root = storage_fs(storage_path)
+    fs, root = filesystem(storage_path)
     path = f"{root}/{name}/{LOCK}"
     if fs.get_file_info(path).type.name != "NotFound":
         with fs.open_input_stream(path) as f:
@@ -105,6 +106,6 @@ def acquire_remote(storage_path: str, name: str) -> str:
 
 def release(lock: str) -> None:
     """Remove a lock this process took."""
-    fs, path = storage_fs(lock)
+    fs, path = filesystem(lock)
     if fs.get_file_info(path).type.name != "NotFound":
         fs.delete_file(path)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from ropim.errors import ConfigError
+from ropim.filesystems import filesystem
 from ropim.tracking.lock import acquire, release
 from ropim.tracking.signals import STOP
-from ropim.tracking.storage import storage_fs
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
 
 RUN_META = "ropim_run.json"
@@ -35,7 +35,7 @@ RUN_META = "ropim_run.json"
 
 def read_run_meta(storage_path: str, name: str) -> dict | None:
     """The metadata of run ``name`` under ``storage_path``, or None for a new run."""
-    fs, root = storage_fs(storage_path)
+    fs, root = filesystem(storage_path)
     path = f"{root}/{name}/{RUN_META}"
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
@@ -45,7 +45,7 @@ def read_run_meta(storage_path: str, name: str) -> dict | None:
 
 def write_run_meta(storage_path: str, name: str, meta: dict) -> None:
     """Write the run metadata whole (a temporary file, then a rename)."""
-    fs, root = storage_fs(storage_path)
+    fs, root = filesystem(storage_path)
     fs.create_dir(f"{root}/{name}", recursive=True)
     path = f"{root}/{name}/{RUN_META}"
     with fs.open_output_stream(path + ".tmp") as f:

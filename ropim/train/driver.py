@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ropim.console import ensure_logging
 from ropim.errors import JobFailed
+from ropim.paths import is_uri
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import Run, open_run
@@ -52,7 +53,7 @@ class JobResult:
     @contextlib.contextmanager
     def checkpoint_dir(self) -> Iterator[Path]:
         """The latest checkpoint as a local folder (downloaded from remote storage when needed)."""
-        if "://" in self.checkpoint_path:
+        if is_uri(self.checkpoint_path):
             with downloaded(self.checkpoint_path) as folder:
                 yield folder
         else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ropim.errors import ConfigError
-from ropim.tracking.storage import storage_fs
+from ropim.filesystems import filesystem
 
 STOP_FILE = "stopped.json"
 
@@ -62,7 +62,7 @@ class StepGuard:
 
 def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:
     """Record why the run stopped, for its driver."""
-    fs, path = storage_fs(f"{run_dir}/{STOP_FILE}")
+    fs, path = filesystem(f"{run_dir}/{STOP_FILE}")
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps({"message": message, "epoch": epoch, "step": step}).encode())
@@ -70,7 +70,7 @@ def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:
 
 def take_stop(run_dir: str) -> dict | None:
     """Why the run stopped (``write_stop``), removing the record; None when it did not stop."""
-    fs, path = storage_fs(f"{run_dir}/{STOP_FILE}")
+    fs, path = filesystem(f"{run_dir}/{STOP_FILE}")
     if fs.get_file_info(path).type.name == "NotFound":
         return None
     with fs.open_input_stream(path) as f:

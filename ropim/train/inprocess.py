@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import torch
 
-from ropim.tracking.storage import storage_fs
+from ropim.filesystems import filesystem
 
 
 class LocalWorker:
@@ -73,7 +73,7 @@ class RemoteWorker(LocalWorker):
     def __init__(self, folder: str, keep: int, use_gpu: bool = False) -> None:
         super().__init__(Path(), keep, use_gpu)
         self.folder = folder.rstrip("/")
-        self.fs, self.root = storage_fs(self.folder)
+        self.fs, self.root = filesystem(self.folder)
 
     def checkpoints(self) -> list[str]:
         """URIs of the complete checkpoints, oldest first."""
@@ -103,13 +103,13 @@ class RemoteWorker(LocalWorker):
         with self.fs.open_output_stream(f"{dest}/{self.COMPLETE}"):
             pass
         for old in self.checkpoints()[:-self.keep]:
-            self.fs.delete_dir(storage_fs(old)[1])
+            self.fs.delete_dir(filesystem(old)[1])
 
 
 @contextlib.contextmanager
 def downloaded(location: str) -> Iterator[Path]:
     """A checkpoint on remote storage as a temporary local folder."""
-    fs, path = storage_fs(location)
+    fs, path = filesystem(location)
     with tempfile.TemporaryDirectory() as tmp:
         pafs.copy_files(path, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
         yield Path(tmp)

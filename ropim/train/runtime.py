@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ropim.errors import ConfigError
-from ropim.paths import cluster_note
+from ropim.paths import cluster_note, is_uri
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -182,7 +182,7 @@ def torch_trainer(fn: WorkerFn, loop_config: dict, job: JobConfig, *,
                                      placement_strategy=job.placement_strategy),
         run_config=RunConfig(
             name=job.run_name,
-            storage_path=storage if "://" in storage else str(Path(storage).absolute()),
+            storage_path=storage if is_uri(storage) else str(Path(storage).absolute()),
             checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints),
             failure_config=FailureConfig(max_failures=job.max_failures),
             callbacks=callbacks or [],
@@ -228,7 +228,7 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
     if job.num_workers == 0:
         gpu_or_cpu(job.use_gpu)
         folder = f"{run_dir(job)}/in_process"
-        worker = (RemoteWorker(folder, job.keep_checkpoints, job.use_gpu) if "://" in folder else
+        worker = (RemoteWorker(folder, job.keep_checkpoints, job.use_gpu) if is_uri(folder) else
                   LocalWorker(Path(folder), job.keep_checkpoints, job.use_gpu))
         fn(loop_config, worker)
         found = worker.checkpoints()

@@ -17,7 +17,7 @@ import re
 import pyarrow.fs as pafs
 
 from ropim.errors import ConfigError
-from ropim.tracking.storage import storage_fs
+from ropim.filesystems import filesystem
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it registered
 RAY_CHECKPOINT = re.compile(r"checkpoint_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}\.\d{6}")  # Ray's default folder names
@@ -51,7 +51,7 @@ def remove_uncommitted(run_dir: str) -> list[str]:
     controller of the run is alive (before its trainer starts, after it failed); return their names. A folder the
     snapshot names is never touched, and nothing is when the snapshot cannot be read; without a snapshot nothing was
     registered (a restarted run starts over), so every folder of Ray's naming goes."""
-    fs, root = storage_fs(run_dir)
+    fs, root = filesystem(run_dir)
     folders = {f.base_name for f in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
                if f.type == pafs.FileType.Directory and RAY_CHECKPOINT.fullmatch(f.base_name)}
     if not folders:
@@ -75,7 +75,7 @@ def forget_missing(run_dir: str) -> list[str]:
     gone (deleted by hand, lost with a disk), saying so in one line; the run then continues from the newest one left.
     Return their names. ConfigError when every checkpoint it lists is gone. Nothing to do without a snapshot (a new
     run, or one in this process)."""
-    fs, root = storage_fs(run_dir)
+    fs, root = filesystem(run_dir)
     path = f"{root}/{SNAPSHOT}"
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return []

@@ -1,0 +1,37 @@
+"""Parquet shards read through one door: each file's footer (schema, row groups, row count) is read once per process
+and kept, keyed by the file's size and modification time (a file written again is read again); column reads reuse
+it (``pq.ParquetFile(..., metadata=...)``), so a job reads every footer once, however many times its sources are
+opened, checked, listed and evaluated. pyarrow only.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+FOOTERS: dict[tuple, pq.FileMetaData] = {}  # (filesystem kind, path, size, mtime) -> footer
+
+
+def footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
+    """The footer of ``path`` on ``fs``, read once while the file stays the same."""
+    info = fs.get_file_info(path)
+    key = (fs.type_name, path, info.size, info.mtime_ns)
+    if key not in FOOTERS:
+        FOOTERS[key] = pq.read_metadata(path, filesystem=fs)
+    return FOOTERS[key]
+
+
+def schema(fs: pafs.FileSystem, path: str) -> pa.Schema:
+    """The Arrow schema of ``path``, with its key-value metadata (e.g. ``classes``)."""
+    return footer(fs, path).schema.to_arrow_schema()
+
+
+def num_rows(fs: pafs.FileSystem, path: str) -> int:
+    return footer(fs, path).num_rows
+
+
+def read_columns(fs: pafs.FileSystem, path: str, columns: list[str], row_group: int | None = None) -> pa.Table:
+    """``columns`` of ``path`` (of one ``row_group`` when given), without reading its footer again."""
+    f = pq.ParquetFile(path, filesystem=fs, metadata=footer(fs, path))
+    return f.read(columns=columns) if row_group is None else f.read_row_group(row_group, columns=columns)
