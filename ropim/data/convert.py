@@ -22,6 +22,7 @@ import io
 import json
 import posixpath
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,51 +175,80 @@ def write_shard(fs, root: str, name: str, rows, schema: pa.Schema) -> None:
         raise
 
 
+@dataclass
+class Dataset:
+    """What a conversion writes: a source's splits (each indexable, ``len``), its class names, the shard schema and
+    the rows of a split's items (``rows(split, idx, bad, progress)`` yields row groups)."""
+
+    format: str
+    location: str
+    classes: list[str]
+    splits: dict
+    schema: pa.Schema
+    rows: Callable[[str, np.ndarray, BadImages, tqdm], Iterator[dict]]
+    task: str | None = None  # None: classification
+    unit: str = "img"
+
+
 def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool = True, seed: int = 0,
             progress: bool = True) -> ConvertReport:
     """Convert the source ``cfg`` to Parquet shards in ``dst`` (a folder or URI); resumable, see module doc."""
-    if shard_size < 1:
-        raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
-    check_location(dst, "convert destination")
+    check_request(dst, shard_size)
     cfg, dst = cfg.resolved().validate(), resolve_path(dst)
     if cfg.source != "digits":
         check_destination(cfg.source, dst)
     src = open_source(cfg)
     splits = ("train", "val") if src.own_split else ("train",)
     lists = {s: split_list(src, cfg, s if src.own_split else None, cache_files=1) for s in splits}
-    shuffle = shuffle and src.format != "parquet"  # Parquet sources stream in file order
+    data = Dataset(src.format, src.location, src.classes, lists, SCHEMA,
+                   lambda split, idx, bad, bar: shard_rows(lists[split], idx, bad, bar))
+    return write_dataset(data, cfg, dst, shard_size, shuffle, seed, progress)
+
+
+def check_request(dst: str, shard_size: int) -> None:
+    """The checks of a conversion's own arguments, before its source is opened."""
+    if shard_size < 1:
+        raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
+    check_location(dst, "convert destination")
+
+
+def write_dataset(data: Dataset, cfg: DataConfig, dst: str, shard_size: int, shuffle: bool, seed: int,
+                  progress: bool) -> ConvertReport:
+    """Write ``data`` to ``dst`` as Parquet shards (``shuffle``: a seeded order, never for Parquet sources, which
+    stream in file order); a destination this run created is removed again when nothing whole was written."""
     fs, root = filesystem(dst)
     if fs.get_file_info(root).type == pafs.FileType.File:
         raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
     created = fs.get_file_info(root).type == pafs.FileType.NotFound
     fs.create_dir(root, recursive=True)
     try:
-        return write_all(cfg, src, lists, fs, root, dst, shard_size, shuffle, seed, progress)
+        return write_all(data, cfg, fs, root, dst, shard_size, shuffle and data.format != "parquet", seed, progress)
     except BaseException:
         if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
             fs.delete_dir(root)  # nothing whole was written: leave no trace of this run (only it wrote there)
         raise
 
 
-def write_all(cfg: DataConfig, src, lists: dict[str, ImageList], fs, root: str, dst: str, shard_size: int,
-              shuffle: bool, seed: int, progress: bool) -> ConvertReport:
-    """Claim the destination with the plan, then write every shard it lacks; ``convert``'s body."""
-    plans = plan_shards(lists, shard_size, shuffle, seed, {"format": src.format, "source": src.location,
-                                                          "on_bad_image": cfg.on_bad_image})
-    claim_destination(fs, root, dst, {"source": src.location, "format": src.format, "classes": src.classes,
-                                      "shards": {n: p[2] for n, p in plans.items()}})
+def write_all(data: Dataset, cfg: DataConfig, fs, root: str, dst: str, shard_size: int, shuffle: bool, seed: int,
+              progress: bool) -> ConvertReport:
+    """Claim the destination with the plan, then write every shard it lacks."""
+    task = {"task": data.task} if data.task else {}
+    plans = plan_shards(data.splits, shard_size, shuffle, seed, {"format": data.format, "source": data.location,
+                                                                 **task, "on_bad_image": cfg.on_bad_image})
+    claim_destination(fs, root, dst, {"source": data.location, "format": data.format, **task,
+                                      "classes": data.classes, "shards": {n: p[2] for n, p in plans.items()}})
     keep = {n for n, p in plans.items() if complete_shard(fs, posixpath.join(root, n), p[2])}
     report = ConvertReport(dst=dst, shards_kept=len(keep))
-    classes = json.dumps(src.classes)
+    classes = json.dumps(data.classes)
     write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())
     bad = BadImages(cfg.on_bad_image, cfg.max_pixels)
-    total, done = sum(len(v) for v in lists.values()), sum(len(plans[n][1]) for n in keep)
-    with tqdm(total=total, initial=done, unit="img", desc=f"convert → {dst}", disable=not progress,
+    total, done = sum(len(v) for v in data.splits.values()), sum(len(plans[n][1]) for n in keep)
+    with tqdm(total=total, initial=done, unit=data.unit, desc=f"convert → {dst}", disable=not progress,
               file=sys.stdout) as bar:  # stderr stays for errors
         for name, (split, idx, meta) in plans.items():
             if name not in keep:
-                schema = SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
-                write_shard(fs, root, name, shard_rows(lists[split], idx, bad, bar), schema)
+                schema = data.schema.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
+                write_shard(fs, root, name, data.rows(split, idx, bad, bar), schema)
                 report.shards_written += 1
     for name, (split, idx, _) in plans.items():
         rows = pq.read_metadata(posixpath.join(root, name), filesystem=fs).num_rows

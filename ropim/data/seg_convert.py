@@ -12,33 +12,23 @@ and checked (sizes, label range): a mismatch stops the conversion naming the pai
 from __future__ import annotations
 
 import io
-import json
 import os
-import posixpath
-import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
-from ropim.checks import check_location
 from ropim.data.convert import (
-    META_KEY,
     ROW_GROUP,
     ConvertReport,
+    Dataset,
     check_destination,
-    claim_destination,
-    complete_shard,
+    check_request,
     encode,
-    plan_shards,
-    write_shard,
-    write_whole,
+    write_dataset,
 )
 from ropim.data.decode import BadImages
-from ropim.data.layout import filesystem
 from ropim.data.seg_config import SegDataConfig
 from ropim.data.seg_sources import SegList, SegSource, open_seg_source
 from ropim.errors import ConfigError
@@ -79,49 +69,11 @@ def pair_rows(src: SegSource, pairs: SegList, idx: np.ndarray, bad: BadImages, p
 def convert_segments(cfg: SegDataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool = True, seed: int = 0,
                      progress: bool = True) -> ConvertReport:
     """Convert the segmentation source ``cfg`` to Parquet shards in ``dst`` (a folder or URI); resumable."""
-    if shard_size < 1:
-        raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
-    check_location(dst, "convert destination")
+    check_request(dst, shard_size)
     cfg.validate()
     if cfg.source != "digits":
         check_destination(cfg.source, dst)
     src = open_seg_source(cfg)
-    fs, root = filesystem(dst)
-    if fs.get_file_info(root).type == pafs.FileType.File:
-        raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
-    created = fs.get_file_info(root).type == pafs.FileType.NotFound
-    fs.create_dir(root, recursive=True)
-    try:
-        return write_pairs(cfg, src, fs, root, dst, shard_size, shuffle and src.format != "parquet", seed, progress)
-    except BaseException:
-        if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
-            fs.delete_dir(root)  # nothing whole was written: leave no trace of this run
-        raise
-
-
-def write_pairs(cfg: SegDataConfig, src: SegSource, fs, root: str, dst: str, shard_size: int, shuffle: bool,
-                seed: int, progress: bool) -> ConvertReport:
-    """Claim the destination with the plan, then write every shard it lacks."""
-    plans = plan_shards(src.splits, shard_size, shuffle, seed, {"format": src.format, "source": src.location,
-                                                               "task": "segment", "on_bad_image": cfg.on_bad_image})
-    claim_destination(fs, root, dst, {"source": src.location, "format": src.format, "task": "segment",
-                                      "classes": src.classes, "shards": {n: p[2] for n, p in plans.items()}})
-    keep = {n for n, p in plans.items() if complete_shard(fs, posixpath.join(root, n), p[2])}
-    report = ConvertReport(dst=dst, shards_kept=len(keep))
-    classes = json.dumps(src.classes)
-    write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())
-    bad = BadImages(cfg.on_bad_image, cfg.max_pixels)
-    total, done = sum(len(v) for v in src.splits.values()), sum(len(plans[n][1]) for n in keep)
-    with tqdm(total=total, initial=done, unit="pair", desc=f"convert → {dst}", disable=not progress,
-              file=sys.stdout) as bar:
-        for name, (split, idx, meta) in plans.items():
-            if name not in keep:
-                schema = SEG_SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
-                write_shard(fs, root, name, pair_rows(src, src.splits[split], idx, bad, bar), schema)
-                report.shards_written += 1
-    for name, (split, idx, _) in plans.items():
-        rows = pq.read_metadata(posixpath.join(root, name), filesystem=fs).num_rows
-        report.images[split] = report.images.get(split, 0) + rows
-        report.bad_images += len(idx) - rows
-    report.bad_paths = bad.paths
-    return report
+    data = Dataset(src.format, src.location, src.classes, src.splits, SEG_SCHEMA,
+                   lambda split, idx, bad, bar: pair_rows(src, src.splits[split], idx, bad, bar), "segment", "pair")
+    return write_dataset(data, cfg, dst, shard_size, shuffle, seed, progress)

@@ -125,28 +125,14 @@ def signature(config: dict) -> ModelSignature:
                           outputs=Schema([TensorSpec(np.dtype(np.float32), out)]))
 
 
-def register_encoder(
-    run_id: str,
-    encoder_state: dict[str, torch.Tensor],
-    config: dict,
-    name: str = DEFAULT_ENCODER_NAME,
-    uri: str | None = None,
-) -> str:
-    """Log the encoder (safetensors + JSON config) on ``run_id``, register a new version; return its URI.
-
-    ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
-    entries become version tags.
-    """
+def register_encoder(run_id: str, encoder_state: dict[str, torch.Tensor], config: dict,
+                     name: str = DEFAULT_ENCODER_NAME, uri: str | None = None) -> str:
+    """Log the encoder (safetensors + JSON config) on ``run_id``, register a new version; return its URI."""
     return register_model(run_id, encoder_state, config, name, uri)
 
 
-def register_classifier(
-    run_id: str,
-    state: dict[str, torch.Tensor],
-    config: dict,
-    name: str = DEFAULT_CLASSIFIER_NAME,
-    uri: str | None = None,
-) -> str:
+def register_classifier(run_id: str, state: dict[str, torch.Tensor], config: dict,
+                        name: str = DEFAULT_CLASSIFIER_NAME, uri: str | None = None) -> str:
     """Register a fine-tuned timm classifier (``ropim/mlflow_classifier.py``: pyfunc predict gives logits)."""
     return register_model(run_id, state, config, name, uri, kind="classifier", code=CLASSIFIER_CODE)
 
