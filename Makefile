@@ -12,7 +12,7 @@ LOCK_FILE := constraints.txt
 CONSTRAINTS ?= $(LOCK_FILE)
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test test-faults test-cluster test-bench lint bench lock cluster-up cluster-down cluster-status clean
+.PHONY: demo test test-faults test-slow test-cluster test-bench lint bench lock cluster-up cluster-down cluster-status clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test: lint
 # a busy core, three jobs started at once on one store), on the one Ray session of `make test`, which leaves them out
 test-faults: $(VENV)/.installed
 	$(VENV)/bin/pytest -m faults
+
+# whole jobs end to end that make test covers by smaller runs (marker `slow`): sweeps whose trials fine-tune or
+# segment, two Ray workers through a linked folder
+test-slow: $(VENV)/.installed
+	$(VENV)/bin/pytest -m slow
 
 # the cluster tests (marker `cluster`, most in tests/cluster): an S3 server, MLflow servers, a Ray cluster of a head
 # and two worker nodes, `make cluster-up`'s locked-down head + MLflow server, the local cluster `ropim` starts, all on

@@ -185,6 +185,7 @@ def test_nothing_is_set_at_import() -> None:
     assert found == {}
 
 
+@pytest.mark.cluster  # a fresh local Ray of its own (48 s): in make test-cluster
 def test_a_two_worker_ray_data_pretraining_prints_one_line_per_epoch(tmp_path, empty_store) -> None:
     # ropim's lines only, on a fresh local Ray: before, Ray Data's progress bars, its execution notices and Ray Train's
     # deprecation warning wrote 239 lines (24.7 KB) around the 2 epoch lines of this run

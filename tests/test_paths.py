@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from support import run_cli, tiny_pretrain
 
@@ -52,6 +53,7 @@ def test_cluster_note_names_local_paths_only_on_several_nodes():
     assert "3 nodes" in note and "data.source=/data/imgs is a local path" in note and "s3://b/runs" not in note
 
 
+@pytest.mark.slow  # make test pretrains on two Ray workers elsewhere
 def test_relative_data_path_through_a_link_pretrains_on_two_ray_workers(workdir, ray_session):
     image_folder(workdir / "imgs")
     os.symlink("imgs", workdir / "link")  # a relative link, read by workers that run in another folder

@@ -139,6 +139,7 @@ def test_resume_refuses_a_typed_field_the_run_cannot_change_before_ray(gpu_run):
     assert gpu_run["cfg"].epochs == 300  # typed as stored: nothing changes, nothing refused
 
 
+@pytest.mark.faults  # a checkpoint deleted under a stopped Ray run
 def test_a_deleted_newest_checkpoint_falls_back_to_the_previous_one_on_ray(workdir, ray_session, capsys):
     cfg = tiny_pretrain(run_name="deleted", epochs=3, max_steps_per_epoch=2, num_workers=1)
     first = run(dataclasses.replace(cfg, stop_after_epochs=2))  # two committed checkpoints: epochs 1 and 2

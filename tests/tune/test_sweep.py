@@ -246,6 +246,7 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
     assert again.encoder_uri == second.encoder_uri and again.rows == second.rows
 
 
+@pytest.mark.slow  # a sweep whose trials fine-tune (54 s)
 def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir, segment_sweep_job):
     """--metric finetune_top1: each trial fine-tunes its own encoder (the sweep's recipe, the trial's data and seed)
     after its last epoch; the row, the child run and the registered version carry that score, kNN is reported beside
@@ -294,6 +295,7 @@ def segment_sweep_job(ray_session, workdir):
     job.kill()
 
 
+@pytest.mark.slow  # a sweep whose trials segment, in a process of its own
 def test_segmentation_objective_trains_upernet_on_each_trials_encoder(segment_sweep_job, workdir):
     """--metric segment_miou: after its last epoch each trial trains UperNet on its own encoder (the sweep's
     segmentation recipe and data, the trial's workers and seed) and reports val mIoU, which Tune optimises."""
