@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from ropim.errors import ConfigError
+from ropim.paths import is_uri
+from ropim.tracking.uri import ModelRef
 
 MODEL_KINDS = ("encoder", "classifier", "segmenter")
 
@@ -19,7 +21,7 @@ def check_local_model(model_uri: str, kind: str) -> Path | None:
         if local.is_dir():
             model_files(local, kind, model_uri)
         return local
-    if not model_uri.startswith(("models:/", "runs:/")) and "://" not in model_uri:
+    if not ModelRef.parse(model_uri).in_store and not is_uri(model_uri):
         raise FileNotFoundError(
             f"{kind} {model_uri}: no such local folder; give a folder holding {kind}.safetensors + config.json, "
             "models:/name/version, models:/name@alias or runs:/<run_id>/<artifact path>"

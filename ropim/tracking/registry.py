@@ -25,7 +25,7 @@ from ropim.tracking.cards import card, first_stage, kind_of
 from ropim.tracking.model_folder import MODEL_KINDS, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
-from ropim.tracking.uri import check_model_in_store
+from ropim.tracking.uri import ModelRef, check_model_in_store
 
 if TYPE_CHECKING:
     import torch
@@ -139,12 +139,12 @@ def register_classifier(run_id: str, state: dict[str, torch.Tensor], config: dic
 
 def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] | None:
     """(name, version) of a ``models:/name/version`` or ``models:/name@alias`` URI, else None."""
-    if not model_uri.startswith("models:/"):
+    ref = ModelRef.parse(model_uri)
+    if ref.scheme != "models":
         return None
-    ref = model_uri.removeprefix("models:/").rstrip("/")
     c = client(uri)
-    if "@" in ref:
-        name, alias = ref.split("@", 1)
+    name, alias, version = ref.name, ref.alias, ref.version
+    if alias:
         try:
             return name, str(c.get_model_version_by_alias(name, alias).version)
         except mlflow.exceptions.MlflowException as err:
@@ -152,7 +152,6 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
                     f"--encoder models:/{name}/VERSION" if alias.startswith(f"{CHAMPION}-") else "")
             raise LookupError(f"encoder {model_uri}: no alias {alias!r} on model {name!r} ({err.message}){hint}") \
                 from None
-    name, _, version = ref.partition("/")
     try:
         c.get_model_version(name, version)
     except mlflow.exceptions.MlflowException as err:
@@ -171,13 +170,13 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     c = client(uri)
     version = resolve_version(model_uri, uri)  # a clear error for a wrong name, version or alias
     found = kind_of(c.get_model_version(*version).tags or {}) if version else kind
-    if model_uri.startswith("runs:/"):
-        run_id, _, path = model_uri.removeprefix("runs:/").partition("/")
+    ref = ModelRef.parse(model_uri)
+    if ref.run_id:
         try:
-            c.get_run(run_id)
+            c.get_run(ref.run_id)
         except mlflow.exceptions.MlflowException:
-            raise LookupError(f"{kind} {model_uri}: no MLflow run {run_id!r} at {uri or tracking_uri()}") from None
-        logged_as = path.strip("/").split("/")[0]  # register_model logs each model under its kind
+            raise LookupError(f"{kind} {model_uri}: no MLflow run {ref.run_id!r} at {uri or tracking_uri()}") from None
+        logged_as = ref.path.split("/")[0]  # register_model logs each model under its kind
         found = logged_as if logged_as in MODEL_KINDS else kind
     if found != kind:
         raise wrong_kind(model_uri, kind, found)

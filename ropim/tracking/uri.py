@@ -10,7 +10,41 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model reference as typed, parsed once: ``models:/NAME/VERSION``, ``models:/NAME@ALIAS``,
+    ``runs:/RUN_ID/PATH``, or anything else (a local folder, another URI: ``scheme`` is "")."""
+
+    text: str
+    scheme: str = ""  # "models" | "runs" | ""
+    name: str = ""
+    version: str = ""
+    alias: str = ""
+    run_id: str = ""
+    path: str = ""  # inside the run's artifacts
+
+    @classmethod
+    def parse(cls, text: str) -> ModelRef:
+        if text.startswith("models:/"):
+            ref = text.removeprefix("models:/").strip("/")
+            if "@" in ref:
+                name, alias = ref.split("@", 1)
+                return cls(text, "models", name=name, alias=alias)
+            name, _, version = ref.partition("/")
+            return cls(text, "models", name=name, version=version)
+        if text.startswith("runs:/"):
+            run_id, _, path = text.removeprefix("runs:/").strip("/").partition("/")
+            return cls(text, "runs", run_id=run_id, path=path)
+        return cls(text)
+
+    @property
+    def in_store(self) -> bool:
+        """Whether the model lives in MLflow (a registered version or alias, a run's artifact)."""
+        return bool(self.scheme)
 
 
 def tracking_uri() -> str:
@@ -44,13 +78,13 @@ def check_model_in_store(model_uri: str, kind: str, uri: str) -> None:
     """One clear error, before MLflow is imported, when ``model_uri`` (``models:/…``, ``runs:/…``) names a model in
     a local sqlite store whose file does not exist yet: nothing can be registered there, and looking would create
     the store."""
-    if not model_uri.startswith(("models:/", "runs:/")) or missing_sqlite_file(uri) is None:
+    ref = ModelRef.parse(model_uri)
+    if not ref.in_store or missing_sqlite_file(uri) is None:
         return
-    ref = model_uri.split(":/", 1)[1].strip("/")
-    if model_uri.startswith("runs:/"):
-        what = f"no MLflow run {ref.split('/')[0]!r}"
-    elif "@" in ref:
-        what = "no alias {1!r} on model {0!r}".format(*ref.split("@", 1))
+    if ref.run_id:
+        what = f"no MLflow run {ref.run_id!r}"
+    elif ref.alias:
+        what = f"no alias {ref.alias!r} on model {ref.name!r}"
     else:
         what = "no such registered version"
     raise LookupError(f"{kind} {model_uri}: {what}: the tracking store {uri} does not exist yet; set "

@@ -129,3 +129,16 @@ def test_a_stop_signal_inside_a_run_ends_it_killed_and_says_how_to_continue(work
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert "sig stopped by SIGTERM" in said and said.endswith("continue with: ropim pretrain --resume sig")
     assert signal.getsignal(signal.SIGTERM) is before and not (workdir / "runs" / "sig" / ".lock").exists()
+
+
+def test_a_model_reference_is_parsed_once_into_its_parts():
+    from ropim.tracking.uri import ModelRef
+
+    assert ModelRef.parse("models:/ropim-encoder/3") == ModelRef("models:/ropim-encoder/3", "models",
+                                                               name="ropim-encoder", version="3")
+    alias = ModelRef.parse("models:/ropim-encoder@champion-vit_b16-224")
+    assert (alias.name, alias.alias, alias.version) == ("ropim-encoder", "champion-vit_b16-224", "")
+    run = ModelRef.parse("runs:/0a1b/encoder/")
+    assert (run.run_id, run.path, run.in_store) == ("0a1b", "encoder", True)
+    for other in ("runs/encoder", "s3://bucket/encoder", "~/encoder"):
+        assert not ModelRef.parse(other).in_store and ModelRef.parse(other).run_id == ""

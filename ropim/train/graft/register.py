@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
+from ropim.tracking.uri import ModelRef
 from ropim.train.graft.config import GraftConfig
 from ropim.train.job import dataset_name
 
@@ -17,9 +18,7 @@ def source_run(ref: EncoderRef, tracking: str) -> str:
     """The MLflow run that trained the encoder ``ref`` (its first stage), or "" for a plain folder."""
     if ref.version is not None:
         return store.client(tracking).get_model_version(ref.name, ref.version).run_id or ""
-    if ref.pinned.startswith("runs:/"):
-        return ref.pinned.removeprefix("runs:/").split("/", 1)[0]
-    return ""
+    return ModelRef.parse(ref.pinned).run_id  # "" unless runs:/
 
 
 def grafted_config(cfg: GraftConfig, ref: EncoderRef, first_run: str) -> dict:
