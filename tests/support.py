@@ -3,6 +3,7 @@ fresh process. (The shared fixtures are in ``conftest.py``.)"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -173,3 +174,21 @@ def write_ade20k(root: Path, n_train: int = 4, n_val: int = 2) -> Path:
             mask[20:, :24] = 150
             Image.fromarray(mask).save(root / "annotations" / folder / f"{name}.png")
     return root
+
+
+@contextlib.contextmanager
+def bench_module(name: str):
+    """``bench/<name>.py`` imported as module ``name`` (its own imports, e.g. ``record``, found beside it)."""
+    import importlib.util
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(bench))
+        sys.modules.pop(name, None)

@@ -3,27 +3,16 @@ counts for a step (the CPU flash attention kernel included)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from support import bench_module
 
 
 @pytest.fixture(scope="module")
 def cs():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("cpu_step", BENCH / "cpu_step.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("cpu_step") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 ZEN4 = {"vendor_id": "AuthenticAMD", "flags": "fma avx2 avx512f avx512_bf16", "cpu MHz": "2596.150"}

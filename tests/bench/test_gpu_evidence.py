@@ -3,30 +3,18 @@ and the plan that gives each pretraining the same seconds."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from support import bench_module
 
 
 @pytest.fixture(scope="module")
 def ev():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_evidence", BENCH / "gpu_evidence.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_evidence"] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)
+    with bench_module("gpu_evidence") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
-        sys.modules.pop("gpu_evidence", None)
 
 
 def images(n: int = 6) -> torch.Tensor:
