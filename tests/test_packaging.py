@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel, then pretrains from it: a release check
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:

@@ -50,6 +50,7 @@ def ray_segment(workdir, ray_session, encoder):
     return proc
 
 
+@pytest.mark.slow  # the segmentation job whole on Ray (make test segments in this process)
 def test_segment_an_ade20k_folder_on_one_ray_worker(ray_segment, workdir):
     out = ray_segment.stdout
     assert "[segment] run seg-ray on 1 Ray Train workers: ropim-encoder v1 on ade at 32px crops" in out
@@ -70,6 +71,7 @@ def test_segment_an_ade20k_folder_on_one_ray_worker(ray_segment, workdir):
     assert "downstream.ade.miou" in version.tags  # the encoder learns where it was used
 
 
+@pytest.mark.slow  # the segmentation job whole on Ray (make test segments in this process)
 def test_registered_segmenter_reads_back_in_a_fresh_process_with_identical_outputs(ray_segment, workdir):
     checkpoint = sorted(p for p in Path("ray_results/seg-ray").glob("checkpoint_*") if p.is_dir())[-1]
     config = json.loads((checkpoint / "metrics.json").read_text())["eval"]["segmenter"]
@@ -98,6 +100,7 @@ def test_registered_segmenter_reads_back_in_a_fresh_process_with_identical_outpu
     torch.testing.assert_close(pyfunc, up)
 
 
+@pytest.mark.slow  # the segmentation job whole on Ray (make test segments in this process)
 def test_models_list_and_show_the_segmenter_with_its_lineage(ray_segment, workdir):
     listed = run_cli("models", "list", "--name", "ropim-segmenter", cwd=workdir)
     assert listed.returncode == 0, listed.stderr
