@@ -59,6 +59,30 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+
+# ``run_cli_in_one_process``'s program: each command line through ``ropim.cli.main``, then which heavy modules it
+# imported on the way
+IN_ONE_PROCESS = """
+import json, sys
+from ropim.cli import main
+argvs, heavy = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for argv in argvs:
+    try:
+        main(argv)
+    except SystemExit as err:
+        print("EXIT", err)
+print("HEAVY", sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def run_cli_in_one_process(argvs: list[list[str]], heavy: tuple[str, ...], cwd: Path, env: dict | None = None,
+                           timeout: float = 300) -> subprocess.CompletedProcess:
+    """Each of ``argvs`` through ``ropim.cli.main`` in one fresh process, each exit printed as ``EXIT <message>``, then
+    ``HEAVY [...]``: which of ``heavy`` (e.g. torch, ray) those commands imported."""
+    return subprocess.run([sys.executable, "-c", IN_ONE_PROCESS, json.dumps(argvs), json.dumps(list(heavy))],
+                          capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})},
+                          timeout=timeout)
+
 # The body of ``run_cli_forked``'s parent: imports ``ropim.cli`` once (what ``python -m ropim.cli`` imports before it
 # parses), then runs each case as ``python -m ropim.cli ARGV`` in a child forked from it, a few at a time.
 FORKING = r"""

@@ -5,15 +5,19 @@ registered version, no lock file, no ``ray_results/``."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from support import encoder_folder, register_tiny_classifier, register_tiny_encoder, run_cli_forked
+from support import (
+    encoder_folder,
+    register_tiny_classifier,
+    register_tiny_encoder,
+    run_cli_forked,
+    run_cli_in_one_process,
+)
 
 from ropim.checks import visible_gpus
 from ropim.tracking.runs import write_run_meta
@@ -304,21 +308,10 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
 
 def test_a_classifier_given_as_the_encoder_is_refused_before_torch_is_imported(fixtures):
     """From the registered version's tags or the logged model's name, in pre-flight: no weights are read."""
-    script = """
-import sys
-from ropim.cli import main
-for argv in ARGVS:
-    try:
-        main(argv)
-    except SystemExit as err:
-        print("EXIT", err)
-print("HEAVY", sorted(m for m in ("torch", "ray", "timm", "safetensors") if m in sys.modules))
-"""
     run = (fixtures / "CLF_RUN").read_text()
     argvs = [[*FT[:-1], "models:/ropim-classifier/1"], ["probe", "--encoder", f"runs:/{run}/classifier"]]
-    proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", repr(argvs))], capture_output=True, text=True,
-                          cwd=fixtures, timeout=300,
-                          env={**os.environ, **case_env("registered classifier as the encoder", fixtures)})
+    proc = run_cli_in_one_process(argvs, ("torch", "ray", "timm", "safetensors"), fixtures,
+                                  case_env("registered classifier as the encoder", fixtures))
     out = proc.stdout + proc.stderr
     assert "HEAVY []" in out, out[-3000:]
     assert out.count("this is a classifier, where encoder weights are expected") == 2, out[-3000:]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT, run_cli
+from support import ROOT, run_cli, run_cli_in_one_process
 
 from ropim.cli import PRESETS, job_parser, shipped_presets
 from ropim.commands import config
@@ -96,18 +96,6 @@ def test_parsing_and_bad_input_import_no_torch_ray_or_mlflow(tmp_path):
                              "path": [f"{i}.png" for i in range(100)]}), shards / "part-0.parquet")
     encoder_folder(tmp_path / "enc8", ModelConfig(img_size=32, patch_size=8, depth=1))
     encoder_folder(tmp_path / "gray", ModelConfig(img_size=32, patch_size=4, depth=1, in_chans=1))
-    script = """
-import sys
-from ropim.cli import main
-for argv in ARGVS:
-    try:
-        main(argv)
-    except SystemExit as err:
-        print("EXIT", err)
-heavy = sorted(m for m in ("torch", "ray", "mlflow", "timm") if m in sys.modules)
-print("HEAVY", heavy)
-"""
-
     argvs = [["--help"], ["pretrain", "--help"], ["sweep", "--help"], ["pretrain", "--model.rho", "2"],
              ["sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'], ["sweep", "--name", "../x"],
              ["pretrain", "--data.source", str(shards), "--global_batch_size", "4096"],
@@ -120,8 +108,7 @@ print("HEAVY", heavy)
              ["finetune", "--preset", "digits_demo", "--encoder", "no/such/folder"],
              ["probe", "--encoder", "gray"], ["segment", "--preset", "digits_seg", "--encoder", "gray"],
              ["finetune", "--preset", "digits_demo", "--encoder", "enc8", "--img_size", "60"]]
-    proc = subprocess.run([sys.executable, "-c", script.replace("ARGVS", json.dumps(argvs))], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+    proc = run_cli_in_one_process(argvs, ("torch", "ray", "mlflow", "timm"), tmp_path, timeout=120)
     out = proc.stdout + proc.stderr
     assert "HEAVY []" in out, out[-3000:]
     assert "EXIT ropim pretrain: global_batch_size=4096 exceeds the training split (" in out
