@@ -56,7 +56,7 @@ def register_model(
     ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
     stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
     """
-    c = client(uri)
+    client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
     with tempfile.TemporaryDirectory() as tmp:
         from safetensors.torch import save_file  # torch only when a model is written
 
@@ -68,14 +68,11 @@ def register_model(
                                     pip_requirements=list(requirements),
                                     code_paths=[str(p) for p in code_paths] or None,
                                     signature=signature(config))
-    with registry_lines_muted():
-        version = str(retrying(mlflow.register_model)(info.model_uri, name).version)
-    for k, v in flatten(config).items():
-        if k.startswith("timm_kwargs.") or isinstance(v, (list, tuple)):
-            continue
-        c.set_model_version_tag(name, version, k, str(v))
-    c.set_model_version_tag(name, version, "kind", kind)
-    c.set_model_version_tag(name, version, "run_id", run_id)
+    tags = {k: str(v) for k, v in flatten(config).items()
+            if not k.startswith("timm_kwargs.") and not isinstance(v, (list, tuple))}
+    with registry_lines_muted():  # the version is created with its tags: never seen without them
+        version = str(retrying(mlflow.register_model)(info.model_uri, name,
+                                                      tags={**tags, "kind": kind, "run_id": run_id}).version)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
 
