@@ -22,6 +22,7 @@ from ropim import commands
 from ropim.config_files import check_text, parser_mode
 from ropim.console import quiet_console
 from ropim.errors import ConfigError, JobFailed
+from ropim.tracking.signals import STOP
 
 PRESETS = Path(__file__).with_name("presets")
 ERRORS = (ConfigError, JobFailed, LookupError, ConnectionError, FileNotFoundError)
@@ -214,8 +215,6 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "ropim")
-    from ropim.tracking.signals import STOP
-
     installed = STOP.install()  # a stop signal from the first line on ends the command in one line
     try:
         parser, plugin_commands = build_parser(command)
@@ -251,8 +250,6 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
 def stopped(command: str, err: BaseException) -> int:
     """The exit status of a command ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM), after
     one line when no run was open to say how it ended."""
-    from ropim.tracking.signals import STOP
-
     if not STOP.reported:
         print(f"ropim {command}: stopped by {STOP.name(err)} while no run was open; nothing recorded",
               file=sys.stderr, flush=True)

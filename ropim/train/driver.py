@@ -101,13 +101,14 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
                   "run_dir": folder, **inputs}
         return fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
     except Exception as err:
-        store.set_tags(mlflow_run.run_id, {"ropim.failure": failure_reason(err)}, p.tracking)
+        why = failure_reason(err)
+        store.set_tags(mlflow_run.run_id, {"ropim.failure": why}, p.tracking)
         if type(err).__module__.split(".")[0] != "ray" or hasattr(err, "worker_failures"):
             raise
-        raise JobFailed(failed(p, mlflow_run, err)) from err
+        raise JobFailed(failed(p, mlflow_run, why)) from err
 
 
-def failed(p: Prepared, mlflow_run: Run, err: Exception) -> str:
+def failed(p: Prepared, mlflow_run: Run, why: str) -> str:
     """The line of a run that failed outside the job: why, the last epoch MLflow holds and the workers' peak memory
     then, the uploads Ray never registered (removed), how to continue."""
     cfg = p.cfg
@@ -120,7 +121,7 @@ def failed(p: Prepared, mlflow_run: Run, err: Exception) -> str:
         kept += f", workers at {rss / 1024:.1f} GiB peak RSS"
     cleaned = f"; removed {len(removed)} checkpoint upload(s) Ray never registered ({', '.join(removed)})" \
         if removed else ""
-    return (f"run {cfg.run_name} failed: {failure_reason(err)}; MLflow run {mlflow_run.run_id} marked FAILED ({kept})"
+    return (f"run {cfg.run_name} failed: {why}; MLflow run {mlflow_run.run_id} marked FAILED ({kept})"
             f"{cleaned}; continue from its last complete checkpoint with `{p.resume_hint}`")
 
 
