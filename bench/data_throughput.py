@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, pretrain_transform
 from ropim.data.decode import decode_rgb
-from ropim.data.sources import open_source, split_list
+from ropim.data.sources import open_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = RESULTS / "data_throughput.json"
@@ -137,7 +137,7 @@ def run_ray(cfg: DataConfig, img_size: int, batch_size: int, n_images: int, seed
 
 def run_one_core(cfg: DataConfig, img_size: int, n: int = 1000) -> dict:
     torch.set_num_threads(1)
-    images = split_list(open_source(cfg), cfg, "train", cache_files=1)
+    images = open_source(cfg).split("train", cache_files=1)
     data = [images.load(i) for i in range(min(n, len(images)))]
     tf = pretrain_transform(img_size)
     t0 = time.perf_counter()

@@ -37,24 +37,21 @@ def run_data(ns: Namespace) -> None:
     cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
                      split_seed=args.split_seed, on_bad_image=args.on_bad_image)
     if args.task == "segment":
-        from ropim.data.seg_config import SegDataConfig
+        from ropim.data.config import SegDataConfig
 
         cfg = SegDataConfig(**vars(cfg), num_classes=args.num_classes)
     if ns.action == "convert":
-        if args.task == "segment":
-            from ropim.data.seg_convert import convert_segments as convert
-        else:
-            from ropim.data.convert import convert
+        from ropim.data.convert import convert
 
         rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
         images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
         print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
               f"bad images skipped {rep.bad_images}")
     elif args.task == "segment":
-        from ropim.data.seg_sources import check_seg_source, open_seg_source
+        from ropim.data.sources import open_source
 
-        src = check_seg_source(cfg.validate()) or open_seg_source(cfg)
-        pairs = "  ".join(f"{s} {len(p):,}" for s, p in src.splits.items())
+        src = open_source(cfg.resolved().validate())
+        pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
         print(f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
               f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})")
     else:

@@ -1,16 +1,15 @@
-"""Where images come from (``DataConfig``): a built-in set, a folder, Parquet shards or a URI. Imports nothing
-heavy, so that the command line parses and validates fast; the source on disk is checked by ``validate``."""
+"""Where the data comes from: images with class labels (``DataConfig``) or images with label maps
+(``SegDataConfig``), from the built-in set, a folder, Parquet shards or a URI. Imports nothing heavy, so that the
+command line parses and validates fast; ``validate`` checks the source on disk cheaply (``ropim.data.sources``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
-from ropim.checks import COUNT, SEED, check_fields, check_location
+from ropim.checks import COUNT, SEED, Range, check_fields, check_location
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
-
-FORMATS = ("digits", "parquet", "cifar", "imagefolder")
 
 
 @dataclass(frozen=True)
@@ -24,7 +23,8 @@ class DataConfig:
     on_bad_image: Literal["skip", "fail"] = "skip"
     max_pixels: int = 25_000_000  # larger images are bad images (a decompression-bomb guard: 2× a 12 MP photo)
 
-    FORMATS: ClassVar[tuple[str, ...]] = FORMATS
+    TASK: ClassVar[str] = "classify"  # what an item is: an image with a class (``ropim.data.formats``)
+    FORMATS: ClassVar[tuple[str, ...]] = ("digits", "parquet", "cifar", "imagefolder")  # the formats of the task
     UNKNOWN: ClassVar[str] = "unknown"  # how an unknown format is worded
     HOLDS: ClassVar[str] = "the images"  # what a source holds, for the empty-source error
     RULES: ClassVar[dict] = {"split_seed": SEED, "max_pixels": COUNT}  # numeric fields, ``ropim.checks``
@@ -42,15 +42,33 @@ class DataConfig:
         if not self.source:
             raise ConfigError(f"data source is empty; give 'digits' or a path to {self.HOLDS}")
         check_location(self.source, "data.source")
-        self.check_source()
+        from ropim.data.sources import check_source  # pyarrow: only when a config is checked
+
+        check_source(self)
         return self
-
-    def check_source(self) -> None:
-        """The source on disk holds what it should (cheap: ``ropim.data.layout.check_source``)."""
-        from ropim.data.layout import check_source  # pyarrow: only when a config is checked
-
-        check_source(self.source, self.format)
 
     def resolved(self) -> DataConfig:
         """The same config with a local source made absolute against the working folder (``ropim.paths``)."""
         return replace(self, source=resolve_path(self.source, ("digits",)))
+
+
+@dataclass(frozen=True)
+class SegDataConfig(DataConfig):
+    """A segmentation source: ``DataConfig``'s location and split rule, with label maps beside the images.
+
+    Label maps hold class indices 0..K-1 and 255 for pixels to ignore, except ADE20K's (0 = ignore, 1..150 =
+    classes), which are shifted down by one as mmseg's ``reduce_zero_label`` does."""
+
+    format: Literal["auto", "digits", "ade20k", "pairs", "parquet"] = "auto"
+    num_classes: int | None = None  # pairs without classes.json need it; others know their classes
+    canvas_size: int = 64  # built-in digits: the side of each canvas
+    canvases: int = 1200  # built-in digits: how many canvases (split by val_fraction)
+    check_pairs: int = 64  # pairs decoded before a run starts (sizes, label range); every pair is checked on load
+
+    TASK: ClassVar[str] = "segment"  # an image with a label map
+    FORMATS: ClassVar[tuple[str, ...]] = ("digits", "parquet", "ade20k", "pairs")
+    UNKNOWN: ClassVar[str] = "unknown for segmentation"
+    HOLDS: ClassVar[str] = "the images and masks"
+    RULES: ClassVar[dict] = {**DataConfig.RULES, "canvas_size": Range(16, 1024, integer=True),
+                             "canvases": Range(10, integer=True), "check_pairs": Range(0, integer=True),
+                             "num_classes": Range(1, 255, integer=True, optional=True)}

@@ -1,10 +1,12 @@
-"""``ropim data convert SRC DST``: any source → Parquet shards that Ray Data streams (``image``, ``label``, ``path``).
+"""``ropim data convert SRC DST``: any source → Parquet shards that Ray Data streams: ``image``, ``label``, ``path``
+(``--task segment``: ``image``, ``mask``, ``path``; the rows are the source's items, ``ropim.data.lists``).
 
 Layout written: ``DST/train-00000.parquet`` … and, when the source has its own val split, ``DST/val-00000.parquet``
 …; class names in each shard's schema metadata (``classes``, a JSON list) and in ``DST/classes.json``. A source
 without its own split goes wholly into ``train-*`` shards; readers then split it with the seeded fraction rule on
-``path``, which gives the same split as the source had. Encoded files (ImageFolder, Parquet) keep their original
-bytes; array sources (digits, CIFAR) are stored as PNG (lossless).
+``path``, which gives the same split as the source had (the built-in digits, split by a permutation, are split by
+that rule once converted). Encoded files (ImageFolder, folder pairs, Parquet) keep their original bytes; arrays
+(digits, CIFAR) and label maps are stored as PNG (lossless).
 
 Nothing is lost: the destination may not be the source, inside it or around it; ``DST/ropim_convert.json`` records
 the plan (source, settings, every shard) before the first shard is written; a destination holding another plan, or
@@ -18,26 +20,24 @@ changed or vanished) stops the run with an error, never counted as a bad image.
 
 from __future__ import annotations
 
-import io
 import json
 import posixpath
 import sys
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from PIL import Image
 from tqdm import tqdm
 
 from ropim.checks import check_location
 from ropim.data.config import DataConfig
-from ropim.data.decode import BadImages, try_decode
-from ropim.data.layout import filesystem
-from ropim.data.lists import ImageList
-from ropim.data.sources import open_source, split_list
+from ropim.data.decode import BadImages
+from ropim.data.formats.common import CLASSIFY, Source
+from ropim.data.formats.parquet import filesystem
+from ropim.data.lists import Items
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 from ropim.paths import is_uri, resolve_path
 
@@ -45,7 +45,6 @@ ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encode
 META_KEY = b"ropim.shard"
 PLAN = "ropim_convert.json"
 OWN_FILES = (PLAN, "classes.json")
-SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())])
 
 
 @dataclass
@@ -58,14 +57,6 @@ class ConvertReport:
     images: dict[str, int] = field(default_factory=dict)  # rows per split in DST after the run
     bad_images: int = 0  # items dropped as undecodable, over all shards in DST
     bad_paths: list[str] = field(default_factory=list)  # the first 20 found by this run
-
-
-def encode(data: bytes | np.ndarray) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    buf = io.BytesIO()
-    Image.fromarray(data).save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
 
 
 def check_destination(source: str, dst: str) -> None:
@@ -83,7 +74,7 @@ def check_destination(source: str, dst: str) -> None:
         raise ConfigError(f"convert destination {dst!r} holds the source {source!r}; give a folder outside it")
 
 
-def plan_shards(lists: dict[str, ImageList], shard_size: int, shuffle: bool, seed: int,
+def plan_shards(lists: dict[str, Items], shard_size: int, shuffle: bool, seed: int,
                 source: dict) -> dict[str, tuple[str, np.ndarray, dict]]:
     """{shard file name: (split, item indices, the plan stored in the shard)} of every shard to hold."""
     plans = {}
@@ -142,21 +133,14 @@ def complete_shard(fs, path: str, meta: dict) -> bool:
     return META_KEY in stored and json.loads(stored[META_KEY]) == meta
 
 
-def shard_rows(images: ImageList, idx: np.ndarray, bad: BadImages, progress: tqdm):
-    """Row groups (image, label, path) of ``idx``: undecodable images follow the policy; unreadable items raise."""
+def shard_rows(items: Items, idx: np.ndarray, bad: BadImages, progress: tqdm):
+    """Row groups of ``items[idx]`` (``Items.row``): undecodable items follow the policy; unreadable ones raise."""
     for start in range(0, len(idx), ROW_GROUP):
-        cols = {"image": [], "label": [], "path": []}
+        cols = {name: [] for name in items.SCHEMA.names}
         for i in idx[start:start + ROW_GROUP]:
-            path = images.paths[i]
-            try:
-                data = images.load(int(i))
-            except OSError as err:
-                raise ConfigError(f"source item {path} cannot be read ({err}); the source changed or vanished while "
-                                  "converting: restore it and re-run the same command to resume") from None
-            if try_decode(data, path, bad) is not None:
-                cols["image"].append(encode(data))
-                cols["label"].append(int(images.labels[i]))
-                cols["path"].append(path)
+            row = items.row(int(i), bad)
+            for name in cols if row else ():
+                cols[name].append(row[name])
             progress.update(1)
         yield cols
 
@@ -175,34 +159,28 @@ def write_shard(fs, root: str, name: str, rows, schema: pa.Schema) -> None:
         raise
 
 
-@dataclass
-class Dataset:
-    """What a conversion writes: a source's splits (each indexable, ``len``), its class names, the shard schema and
-    the rows of a split's items (``rows(split, idx, bad, progress)`` yields row groups)."""
-
-    format: str
-    location: str
-    classes: list[str]
-    splits: dict
-    schema: pa.Schema
-    rows: Callable[[str, np.ndarray, BadImages, tqdm], Iterator[dict]]
-    task: str | None = None  # None: classification
-    unit: str = "img"
-
-
 def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool = True, seed: int = 0,
             progress: bool = True) -> ConvertReport:
-    """Convert the source ``cfg`` to Parquet shards in ``dst`` (a folder or URI); resumable, see module doc."""
+    """Convert the source ``cfg`` (a ``SegDataConfig``: its pairs) to Parquet shards in ``dst`` (a folder or URI);
+    resumable, see module doc."""
     check_request(dst, shard_size)
     cfg, dst = cfg.resolved().validate(), resolve_path(dst)
     if cfg.source != "digits":
         check_destination(cfg.source, dst)
     src = open_source(cfg)
-    splits = ("train", "val") if src.own_split else ("train",)
-    lists = {s: split_list(src, cfg, s if src.own_split else None, cache_files=1) for s in splits}
-    data = Dataset(src.format, src.location, src.classes, lists, SCHEMA,
-                   lambda split, idx, bad, bar: shard_rows(lists[split], idx, bad, bar))
-    return write_dataset(data, cfg, dst, shard_size, shuffle, seed, progress)
+    lists = {s: src.split(s, cache_files=1) for s in ("train", "val")} if src.own_split else \
+        {"train": src.split(None, cache_files=1)}
+    fs, root = filesystem(dst)
+    if fs.get_file_info(root).type == pafs.FileType.File:
+        raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
+    created = fs.get_file_info(root).type == pafs.FileType.NotFound
+    fs.create_dir(root, recursive=True)
+    try:
+        return write_all(src, lists, fs, root, dst, shard_size, shuffle and src.format != "parquet", seed, progress)
+    except BaseException:
+        if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
+            fs.delete_dir(root)  # nothing whole was written: leave no trace of this run (only it wrote there)
+        raise
 
 
 def check_request(dst: str, shard_size: int) -> None:
@@ -212,43 +190,27 @@ def check_request(dst: str, shard_size: int) -> None:
     check_location(dst, "convert destination")
 
 
-def write_dataset(data: Dataset, cfg: DataConfig, dst: str, shard_size: int, shuffle: bool, seed: int,
-                  progress: bool) -> ConvertReport:
-    """Write ``data`` to ``dst`` as Parquet shards (``shuffle``: a seeded order, never for Parquet sources, which
-    stream in file order); a destination this run created is removed again when nothing whole was written."""
-    fs, root = filesystem(dst)
-    if fs.get_file_info(root).type == pafs.FileType.File:
-        raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
-    created = fs.get_file_info(root).type == pafs.FileType.NotFound
-    fs.create_dir(root, recursive=True)
-    try:
-        return write_all(data, cfg, fs, root, dst, shard_size, shuffle and data.format != "parquet", seed, progress)
-    except BaseException:
-        if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
-            fs.delete_dir(root)  # nothing whole was written: leave no trace of this run (only it wrote there)
-        raise
-
-
-def write_all(data: Dataset, cfg: DataConfig, fs, root: str, dst: str, shard_size: int, shuffle: bool, seed: int,
-              progress: bool) -> ConvertReport:
+def write_all(src: Source, lists: dict[str, Items], fs, root: str, dst: str, shard_size: int, shuffle: bool,
+              seed: int, progress: bool) -> ConvertReport:
     """Claim the destination with the plan, then write every shard it lacks."""
-    task = {"task": data.task} if data.task else {}
-    plans = plan_shards(data.splits, shard_size, shuffle, seed, {"format": data.format, "source": data.location,
-                                                                 **task, "on_bad_image": cfg.on_bad_image})
-    claim_destination(fs, root, dst, {"source": data.location, "format": data.format, **task,
-                                      "classes": data.classes, "shards": {n: p[2] for n, p in plans.items()}})
+    cfg, items = src.cfg, next(iter(lists.values()))
+    task = {"task": cfg.TASK} if cfg.TASK != CLASSIFY else {}
+    plans = plan_shards(lists, shard_size, shuffle, seed, {"format": src.format, "source": src.location, **task,
+                                                           "on_bad_image": cfg.on_bad_image})
+    claim_destination(fs, root, dst, {"source": src.location, "format": src.format, **task,
+                                      "classes": src.classes, "shards": {n: p[2] for n, p in plans.items()}})
     keep = {n for n, p in plans.items() if complete_shard(fs, posixpath.join(root, n), p[2])}
     report = ConvertReport(dst=dst, shards_kept=len(keep))
-    classes = json.dumps(data.classes)
+    classes = json.dumps(src.classes)
     write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())
     bad = BadImages(cfg.on_bad_image, cfg.max_pixels)
-    total, done = sum(len(v) for v in data.splits.values()), sum(len(plans[n][1]) for n in keep)
-    with tqdm(total=total, initial=done, unit=data.unit, desc=f"convert → {dst}", disable=not progress,
+    total, done = sum(len(v) for v in lists.values()), sum(len(plans[n][1]) for n in keep)
+    with tqdm(total=total, initial=done, unit=items.UNIT, desc=f"convert → {dst}", disable=not progress,
               file=sys.stdout) as bar:  # stderr stays for errors
         for name, (split, idx, meta) in plans.items():
             if name not in keep:
-                schema = data.schema.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
-                write_shard(fs, root, name, data.rows(split, idx, bad, bar), schema)
+                schema = items.SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
+                write_shard(fs, root, name, shard_rows(lists[split], idx, bad, bar), schema)
                 report.shards_written += 1
     for name, (split, idx, _) in plans.items():
         rows = pq.read_metadata(posixpath.join(root, name), filesystem=fs).num_rows

@@ -17,7 +17,7 @@ from ropim.data.augment import augment, normalize, resize
 from ropim.data.config import DataConfig
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb
 from ropim.data.lists import ImageList
-from ropim.data.sources import open_source, split_list
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
 SPLITS = ("train", "val")
@@ -78,7 +78,7 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 3
     if split not in SPLITS:
         raise ConfigError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
     src = open_source(cfg, img_size)
-    images = split_list(src, cfg, split)
+    images = src.split(split)
     if src.format == "digits":
         return ImageArrayDataset(images.images, images.labels, images.classes, transform)
     return ImageListDataset(images, transform, cfg.on_bad_image, cfg.max_pixels)

@@ -56,8 +56,9 @@ from ropim.data.augment import augment as augment_image
 from ropim.data.augment import normalize, resize
 from ropim.data.config import DataConfig
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, try_decode
+from ropim.data.formats.common import in_val
 from ropim.data.lists import ArrayList, FileList
-from ropim.data.sources import in_val, open_source, split_list
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
 if TYPE_CHECKING:  # no torch at import time: decode workers import this module (see ropim.data.augment)
@@ -199,8 +200,7 @@ def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augmen
                   split_seed=cfg.split_seed,
                   val_fraction=cfg.val_fraction, counter=bad_images)
     if src.format == "parquet":
-        files = src.files[split] if src.own_split else src.files["all"]
-        kwargs["keep_val"] = None if src.own_split else split == "val"
+        files, kwargs["keep_val"] = src.shards(split)
         shuffle = None if shuffle_seed is None else FileShuffleConfig(seed=shuffle_seed, reseed_after_execution=True)
         has_path = "path" in footers.schema(src.fs, files[0]).names
         ds = ray.data.read_parquet(files, filesystem=src.fs, shuffle=shuffle)
@@ -209,7 +209,7 @@ def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augmen
         # BLOCK_ROWS-row blocks, streaming, so several decode tasks run in parallel.
         ds = ds.repartition(target_num_rows_per_block=BLOCK_ROWS)
     else:
-        images = split_list(src, cfg, split)
+        images = src.split(split)
         if isinstance(images, ArrayList):
             kwargs["raw_shape"] = tuple(images.images.shape[1:])
         ds = ray.data.from_arrow(_memory_blocks(images, shuffle_seed))

@@ -10,8 +10,8 @@ from PIL import Image
 
 from ropim.data.config import DataConfig
 from ropim.data.decode import none_decode, undecodable
-from ropim.data.lists import ParquetList
-from ropim.data.sources import open_source, split_list
+from ropim.data.formats.parquet import ParquetList
+from ropim.data.sources import open_source
 
 
 def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
@@ -35,7 +35,7 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
     """
     cfg = cfg.resolved().validate()
     src = open_source(cfg)
-    splits = {s: split_list(src, cfg, s, cache_files=1) for s in ("train", "val")}
+    splits = {s: src.split(s, cache_files=1) for s in ("train", "val")}
     total = sum(len(v) for v in splits.values())
     picked = []
     for images in splits.values():

@@ -1,32 +1,84 @@
-"""How a split's images are held and read: in-memory arrays (digits, CIFAR), files under a root, or rows of
-Parquet shards. No torch, no Ray, no MLflow."""
+"""What a split holds, listed, not decoded: images with class labels (``ImageList``) or images with label maps
+(``SegList``), held as arrays (digits, CIFAR) or files under a root; the Parquet formats add their own
+(``ropim.data.formats.parquet``). Each gives random access (``load``) and the Parquet row ``ropim data convert``
+writes of an item (``row``). No torch, no Ray, no MLflow."""
 
 from __future__ import annotations
 
+import io
 import os
-import pickle
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
+from PIL import Image
 
-from ropim.data import footers
-from ropim.data.layout import PARQUET_ERRORS, unreadable_parquet
+from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb, try_decode
+from ropim.errors import ConfigError
+
+IGNORE = 255  # the label of pixels that count for no class
 
 
-class ImageList:
+def png(data: bytes | np.ndarray) -> bytes:
+    """Encoded bytes as they are; an array (an RGB image or a label map) as a lossless PNG."""
+    if isinstance(data, bytes):
+        return data
+    buf = io.BytesIO()
+    Image.fromarray(data).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def take(values, idx: np.ndarray):
+    return values[idx] if isinstance(values, np.ndarray) else [values[i] for i in idx]
+
+
+def join(parts: list):
+    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else [v for p in parts for v in p]
+
+
+class Items:
+    """A split's items: ``paths`` (one per item, relative to ``root`` for files), ``len``, ``subset`` and ``concat``,
+    and ``row``: the item as a row of ``SCHEMA`` (None when it does not decode and the policy skips it)."""
+
+    SCHEMA: ClassVar[pa.Schema]
+    UNIT: ClassVar[str] = "img"  # how progress bars count items
+    PER_ITEM: ClassVar[tuple[str, ...]] = ("paths",)  # constructor arguments holding one entry per item
+    SHARED: ClassVar[tuple[str, ...]] = ()  # constructor arguments holding for every item
+
+    paths: list[str]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, idx: np.ndarray):
+        """The items at ``idx``, of the same kind."""
+        return type(self)(**{k: getattr(self, k) for k in self.SHARED},
+                          **{k: take(getattr(self, k), idx) for k in self.PER_ITEM})
+
+    def concat(self, *others: Items):
+        """These items followed by ``others`` (of the same kind and root)."""
+        parts = (self, *others)
+        return type(self)(**{k: getattr(self, k) for k in self.SHARED},
+                          **{k: join([getattr(p, k) for p in parts]) for k in self.PER_ITEM})
+
+    def row(self, i: int, bad: BadImages) -> dict | None:
+        raise NotImplementedError
+
+
+class ImageList(Items):
     """Random access to a split's images: ``labels`` (int64), ``paths``, ``classes``; ``load(i)`` → data.
 
     ``load`` returns encoded bytes or an (H, W, 3) uint8 array (``decode_rgb`` takes both), or raises
     OSError when the file cannot be read.
     """
 
+    SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())])
     kind = "encoded"  # "encoded" (bytes), "file" (local files) or "array"
+    PER_ITEM = ("labels", "paths")
+    SHARED = ("classes",)
 
     def __init__(self, labels: np.ndarray, paths: list[str], classes: list[str]) -> None:
         self.labels, self.paths, self.classes = np.asarray(labels, dtype=np.int64), list(paths), classes
-
-    def __len__(self) -> int:
-        return len(self.labels)
 
     def load(self, i: int) -> bytes | np.ndarray:
         raise NotImplementedError
@@ -41,11 +93,23 @@ class ImageList:
                 out.append((self.paths[i], None))
         return out
 
+    def row(self, i: int, bad: BadImages) -> dict | None:
+        """Image ``i``'s bytes (an array as PNG), label and path; an unreadable item stops the conversion."""
+        try:
+            data = self.load(i)
+        except OSError as err:
+            raise ConfigError(f"source item {self.paths[i]} cannot be read ({err}); the source changed or vanished "
+                              "while converting: restore it and re-run the same command to resume") from None
+        if try_decode(data, self.paths[i], bad) is None:
+            return None
+        return {"image": png(data), "label": int(self.labels[i]), "path": self.paths[i]}
+
 
 class ArrayList(ImageList):
     """Images held as a uint8 (N, H, W, 3) array (digits, CIFAR)."""
 
     kind = "array"
+    PER_ITEM = ("images", "labels", "paths")
 
     def __init__(self, images: np.ndarray, labels, paths, classes) -> None:
         super().__init__(labels, paths, classes)
@@ -55,10 +119,12 @@ class ArrayList(ImageList):
         return self.images[i]
 
 
+
 class FileList(ImageList):
     """Image files under ``root``; ``paths`` are relative to it."""
 
     kind = "file"
+    SHARED = ("root", "classes")
 
     def __init__(self, root: str, labels, paths, classes) -> None:
         super().__init__(labels, paths, classes)
@@ -72,110 +138,87 @@ class FileList(ImageList):
             return f.read()
 
 
-class ParquetList(ImageList):
-    """Selected rows of Parquet shards. Image bytes are read per file on first use and cached
-    (``cache_files`` files at a time; None keeps every file, for random access while training)."""
 
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], labels, paths, classes,
-                 cache_files: int | None = None) -> None:
-        super().__init__(labels, paths, classes)
-        self.fs, self.files, self.rows, self.cache_files = fs, files, rows, cache_files
-        self.offsets = np.cumsum([0] + [len(r) for r in rows])
-        self._cache: dict[int, pa.ChunkedArray] = {}
+class SegList(Items):
+    """Random access to a split's pairs: ``paths`` (one per pair), ``load(i)`` → (RGB PIL image, (H, W) uint8 labels
+    in 0..K-1 or 255), checked: ConfigError naming the pair when the sizes differ or a label is out of range.
+    ``reduce_zero_label`` (ADE20K): stored label 0 is ignore and 1..K are the classes."""
 
-    def load(self, i: int) -> bytes:
-        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        if f not in self._cache:
-            if self.cache_files is not None and len(self._cache) >= self.cache_files:
-                self._cache.pop(next(iter(self._cache)))
-            try:
-                col = footers.read_columns(self.fs, self.files[f], ["image"])["image"]
-            except PARQUET_ERRORS as err:
-                raise unreadable_parquet(self.files[f], self.files[f], err) from None
-            self._cache[f] = col.take(pa.array(self.rows[f]))
-        return self._cache[f][i - int(self.offsets[f])].as_py()
+    SCHEMA = pa.schema([("image", pa.binary()), ("mask", pa.binary()), ("path", pa.string())])
+    UNIT = "pair"
+    SHARED = ("num_classes",)
 
-    def head(self, k: int) -> list[tuple[str, bytes]]:
-        """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
-        any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
-        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
-        if f is None:
-            return []
+    def __init__(self, paths: list[str], num_classes: int, reduce_zero_label: bool = False) -> None:
+        self.paths, self.num_classes, self.reduce_zero_label = list(paths), num_classes, reduce_zero_label
+
+    def raw(self, i: int) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
+        raise NotImplementedError
+
+    def load(self, i: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, np.ndarray]:
+        image_data, mask_data = self.raw(i)
+        image = decode_rgb(image_data, max_pixels)
+        mask = mask_data if isinstance(mask_data, np.ndarray) else np.asarray(Image.open(io.BytesIO(mask_data)))
+        if mask.ndim != 2:
+            raise ConfigError(f"mask of {self.paths[i]}: {mask.shape} is not a single-channel label map")
+        if self.reduce_zero_label:  # ADE20K: 0 = ignore, 1..K = classes
+            mask = np.where(mask == 0, IGNORE, mask.astype(np.int64) - 1)
+        mask = mask.astype(np.uint8) if mask.max(initial=0) <= 255 else mask
+        return image, check_pair(self.paths[i], image.size, mask, self.num_classes, self.reduce_zero_label)
+
+    def row(self, i: int, bad: BadImages) -> dict | None:
+        """Pair ``i``'s image bytes, label map (checked, as PNG) and path; an undecodable pair follows the policy."""
         try:
-            group = footers.read_columns(self.fs, self.files[f], ["image"], row_group=0)["image"]
-        except PARQUET_ERRORS as err:
-            raise unreadable_parquet(self.files[f], self.files[f], err) from None
-        rows = self.rows[f][self.rows[f] < len(group)][:k]
-        start = int(self.offsets[f])
-        return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
-
-    def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
-        return {**self.__dict__, "_cache": {}}
-
-
-def load_digits(size: int = 32) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """scikit-learn digits as uint8 (1797, size, size, 3) images, int64 labels, class names."""
-    import torch
-    from sklearn.datasets import load_digits as sk_digits
-
-    bunch = sk_digits()
-    x = torch.from_numpy(bunch.images).float().unsqueeze(1) * (255.0 / 16.0)  # (N, 1, 8, 8) in [0, 255]
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    x = x.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1)  # (N, 3, size, size)
-    return x.permute(0, 2, 3, 1).contiguous().numpy(), bunch.target.astype(np.int64), [str(d) for d in range(10)]
+            image_data = self.raw(i)[0]
+            _, mask = self.load(i, bad.max_pixels)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 — an unreadable or undecodable file makes the pair bad
+            bad.add(self.paths[i], err)
+            return None
+        return {"image": png(image_data), "mask": png(mask.astype(np.uint8)), "path": self.paths[i]}
 
 
-def digits_count() -> int:
-    """How many images the built-in digits hold (scikit-learn's labels only: no torch, no resize)."""
-    from sklearn.datasets import load_digits as sk_digits
-
-    return len(sk_digits().target)
-
-
-def split_indices(n: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """A seeded random train/val partition of range(n) (the built-in digits' split)."""
-    perm = np.random.default_rng(seed).permutation(n)
-    n_val = max(1, round(n * val_fraction))
-    return {"val": np.sort(perm[:n_val]), "train": np.sort(perm[n_val:])}
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """Loads CIFAR's pickles (dicts, lists, numpy arrays) and refuses anything else."""
-
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
-
-    def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"CIFAR file refers to {module}.{name}; not a CIFAR batch")
-        return super().find_class(module, name)
+def check_pair(path: str, size: tuple[int, int], mask: np.ndarray, num_classes: int, shifted: bool) -> np.ndarray:
+    """``mask`` when it fits the image of ``size`` (W, H) and holds labels < K or 255; ConfigError otherwise."""
+    if mask.shape != (size[1], size[0]):
+        raise ConfigError(f"{path}: mask is {mask.shape[1]}x{mask.shape[0]} but the image is {size[0]}x{size[1]}; "
+                          "a mask must have its image's size (fix or remove the pair)")
+    bad = (mask >= num_classes) & (mask != IGNORE)
+    if bad.any():
+        shown = int(mask[bad].max()) + (1 if shifted else 0)
+        allowed = f"1..{num_classes} (0 = ignore)" if shifted else f"0..{num_classes - 1} (255 = ignore)"
+        raise ConfigError(f"{path}: mask holds label {shown}, outside the {num_classes} classes {allowed}; fix the "
+                          "mask or set data.num_classes")
+    return mask
 
 
-def _unpickle(path: str) -> dict:
-    with open(path, "rb") as f:
-        d = _CifarUnpickler(f, encoding="bytes").load()
-    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
+class ArraySegList(SegList):
+    """Pairs held as arrays (the built-in digits canvases)."""
+
+    PER_ITEM = ("images", "masks", "paths")
+
+    def __init__(self, images: np.ndarray, masks: np.ndarray, paths: list[str], num_classes: int) -> None:
+        super().__init__(paths, num_classes)
+        self.images, self.masks = images, masks
+
+    def raw(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.images[i], self.masks[i]
 
 
-def read_cifar(folder: str, kind: str) -> tuple[dict[str, ArrayList], list[str]]:
-    """The train and test batches of a CIFAR-10 / CIFAR-100 python folder as ArrayLists, and the class names."""
-    if kind == "cifar10":
-        meta, label_key, names_key = "batches.meta", "labels", "label_names"
-        files = {"train": sorted(f for f in os.listdir(folder) if f.startswith("data_batch_")), "val": ["test_batch"]}
-    else:
-        meta, label_key, names_key = "meta", "fine_labels", "fine_label_names"
-        files = {"train": ["train"], "val": ["test"]}
-    classes = [n.decode() if isinstance(n, bytes) else n for n in _unpickle(os.path.join(folder, meta))[names_key]]
-    out = {}
-    for split, names in files.items():
-        images, labels, paths = [], [], []
-        for name in names:
-            d = _unpickle(os.path.join(folder, name))
-            data = np.asarray(d["data"], dtype=np.uint8)
-            images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-            labels += list(d[label_key])
-            fnames = d.get("filenames") or [f"{name}_{i:05d}.png".encode() for i in range(len(data))]
-            paths += [f"{split}/{(f.decode() if isinstance(f, bytes) else f)}" for f in fnames]
-        out[split] = ArrayList(np.ascontiguousarray(np.concatenate(images)), labels, paths, classes)
-    return out, classes
+
+class FileSegList(SegList):
+    """Pairs of files under ``root``: ``paths`` the images', ``masks`` their label maps', relative to it."""
+
+    PER_ITEM = ("paths", "masks")
+    SHARED = ("root", "num_classes", "reduce_zero_label")
+
+    def __init__(self, root: str, paths: list[str], masks: list[str], num_classes: int,
+                 reduce_zero_label: bool) -> None:
+        super().__init__(paths, num_classes, reduce_zero_label)
+        self.root, self.masks = root, list(masks)
+
+    def raw(self, i: int) -> tuple[bytes, bytes]:
+        with open(os.path.join(self.root, self.paths[i]), "rb") as f, \
+                open(os.path.join(self.root, self.masks[i]), "rb") as g:
+            return f.read(), g.read()
 

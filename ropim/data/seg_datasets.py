@@ -18,10 +18,12 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+from ropim.data.config import SegDataConfig
 from ropim.data.decode import BadImages
+from ropim.data.formats.common import Source
+from ropim.data.lists import SegList
 from ropim.data.seg_augment import CAT_MAX_RATIO, CatMaxRandomCrop, PadBottomRight, PhotoMetricDistortion
-from ropim.data.seg_config import SegDataConfig
-from ropim.data.seg_sources import SegList, SegSource, open_seg_source
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
 
@@ -97,7 +99,7 @@ class SegDataset(Dataset):
         return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
 
 
-def build_seg_dataset(cfg: SegDataConfig, split: str, transform, source: SegSource | None = None) -> SegDataset:
+def build_seg_dataset(cfg: SegDataConfig, split: str, transform, source: Source | None = None) -> SegDataset:
     """The ``split`` ('train' / 'val') of a segmentation source under ``transform``."""
-    src = source or open_seg_source(cfg)
-    return SegDataset(src.splits[split], src.classes, transform, cfg.on_bad_image, cfg.max_pixels)
+    src = source or open_source(cfg)
+    return SegDataset(src.split(split), src.classes, transform, cfg.on_bad_image, cfg.max_pixels)

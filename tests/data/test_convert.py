@@ -17,7 +17,7 @@ from ropim.data.convert import convert
 from ropim.data.decode import decode_rgb
 from ropim.data.inspect import inspect_source
 from ropim.data.lists import FileList
-from ropim.data.sources import open_source, split_list
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
 
@@ -50,8 +50,8 @@ def test_convert_inspect_round_trip_keeps_every_image_label_and_split(folder, tm
     assert info["format"] == "parquet" and info["classes"] == ["cat", "dog"]
     assert sum(info["images"].values()) == len(good) == sum(src_info["images"].values()) - 1
     for split in ("train", "val"):  # the same seeded split on both sides, minus the corrupt file
-        want = set(split_list(open_source(cfg), cfg, split).paths) - {broken}
-        assert set(split_list(open_source(out_cfg), out_cfg, split).paths) == want
+        want = set(open_source(cfg).split(split).paths) - {broken}
+        assert set(open_source(out_cfg).split(split).paths) == want
     assert info["image_size"]["width"]["min"] == 16 and info["image_size"]["width"]["max"] == 32
 
 
@@ -63,7 +63,7 @@ def test_convert_cifar_keeps_pixels_and_its_own_split(tmp_path):
     src = open_source(out_cfg)
     assert src.own_split and src.classes == [f"c{i}" for i in range(10)]
     for split in ("train", "val"):
-        lst = split_list(src, out_cfg, split)
+        lst = src.split(split)
         order = np.argsort([int(p.split("_")[-1].split(".")[0]) + 100 * int(p.split("_")[1]) for p in lst.paths])
         pixels = np.stack([np.asarray(decode_rgb(lst.load(int(i)))) for i in order])
         np.testing.assert_array_equal(pixels, expect[split][0])  # PNG: lossless
@@ -133,7 +133,7 @@ def test_convert_never_loses_the_source(folder, parquet_set, tmp_path):
     assert not (images / "parquet").exists()
     with pytest.raises(ConfigError, match="holds the source"):
         convert(DataConfig(str(images)), str(images.parent), progress=False)
-    assert len(split_list(open_source(DataConfig(str(images))), DataConfig(str(images)), None)) == len(good) + 1
+    assert len(open_source(DataConfig(str(images))).split(None)) == len(good) + 1
 
 
 def test_source_that_vanishes_mid_run_is_an_error_not_bad_images(folder, tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import torch
 from torchvision import tv_tensors
 
 from ropim.data.augment import IMAGENET_MEAN
+from ropim.data.lists import ArraySegList
 from ropim.data.seg_augment import (
     CatMaxRandomCrop,
     Photometric,
@@ -22,7 +23,6 @@ from ropim.data.seg_augment import (
     rgb_to_hsv,
 )
 from ropim.data.seg_datasets import SegDataset, seg_train_transform
-from ropim.data.seg_sources import ArraySegList
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opencv_hsv.npz"
 

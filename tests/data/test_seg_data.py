@@ -13,10 +13,11 @@ import torch
 from PIL import Image
 from support import run_cli, write_ade20k
 
-from ropim.data.seg_config import SegDataConfig
+from ropim.data.config import SegDataConfig
+from ropim.data.formats.digits import CLASSES, digit_canvases
+from ropim.data.lists import ArraySegList
 from ropim.data.seg_datasets import SegDataset, seg_eval_transform, seg_train_transform
-from ropim.data.seg_digits import CLASSES, digit_canvases
-from ropim.data.seg_sources import ArraySegList, check_seg_source, open_seg_source
+from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
 
@@ -41,31 +42,31 @@ def test_digit_canvases_are_deterministic_with_labelled_strokes():
     assert a_img.shape == (12, 48, 48, 3) and a_mask.shape == (12, 48, 48)
     assert a_mask.max() <= 10 and all((m > 0).any() for m in a_mask)  # every canvas holds a digit
     assert not np.array_equal(digit_canvases(12, 48, 4)[1], a_mask)  # another seed, other canvases
-    src = open_seg_source(SegDataConfig(canvases=20, canvas_size=32))
-    assert src.classes == CLASSES and len(src.splits["train"]) == 16 and len(src.splits["val"]) == 4
+    src = open_source(SegDataConfig(canvases=20, canvas_size=32))
+    assert src.classes == CLASSES and len(src.split("train")) == 16 and len(src.split("val")) == 4
 
 
 def test_ade20k_layout_shifts_labels_and_ignores_zero(tmp_path):
     write_ade20k(tmp_path / "ade", n_train=3, n_val=2)
     cfg = SegDataConfig(source=str(tmp_path / "ade"))
-    src = check_seg_source(cfg.validate())
+    src = open_source(cfg.validate())
     assert src.format == "ade20k" and len(src.classes) == 150 and src.classes[0] == "1"
-    assert [len(src.splits[s]) for s in ("train", "val")] == [3, 2]
-    image, mask = src.splits["train"].load(0)
+    assert [len(src.split(s)) for s in ("train", "val")] == [3, 2]
+    image, mask = src.split("train").load(0)
     assert image.size == (48, 40)
     assert mask[0, 0] == 2 and mask[39, 0] == 149 and mask[39, 47] == 255  # 3 -> 2, 150 -> 149, 0 -> ignore
 
 
 def test_folder_pair_split_by_seed_with_class_names(tmp_path):
     root = write_pairs(tmp_path / "pairs", classes=["sky", "road", "car"])
-    src = open_seg_source(SegDataConfig(source=str(root), val_fraction=0.3))
+    src = open_source(SegDataConfig(source=str(root), val_fraction=0.3))
     assert src.format == "pairs" and src.classes == ["sky", "road", "car"]
-    assert len(src.splits["train"]) + len(src.splits["val"]) == 10 and len(src.splits["val"]) > 0
-    again = open_seg_source(SegDataConfig(source=str(root), val_fraction=0.3))
-    assert again.splits["val"].paths == src.splits["val"].paths
+    assert len(src.split("train")) + len(src.split("val")) == 10 and len(src.split("val")) > 0
+    again = open_source(SegDataConfig(source=str(root), val_fraction=0.3))
+    assert again.split("val").paths == src.split("val").paths
     with pytest.raises(ConfigError, match="how many classes"):
-        open_seg_source(SegDataConfig(source=str(write_pairs(tmp_path / "unnamed"))))
-    assert len(open_seg_source(SegDataConfig(source=str(tmp_path / "unnamed"), num_classes=3)).classes) == 3
+        open_source(SegDataConfig(source=str(write_pairs(tmp_path / "unnamed"))))
+    assert len(open_source(SegDataConfig(source=str(tmp_path / "unnamed"), num_classes=3)).classes) == 3
 
 
 def test_pairs_that_do_not_fit_are_refused_naming_the_file(tmp_path):
@@ -106,15 +107,15 @@ def test_convert_writes_parquet_shards_holding_the_same_pairs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "shards").glob("*.parquet")) == [
         "train-00000.parquet", "train-00001.parquet", "val-00000.parquet"]
-    folder = open_seg_source(SegDataConfig(source=str(tmp_path / "ade")))
-    shards = open_seg_source(SegDataConfig(source=str(tmp_path / "shards")))
+    folder = open_source(SegDataConfig(source=str(tmp_path / "ade")))
+    shards = open_source(SegDataConfig(source=str(tmp_path / "shards")))
     assert shards.format == "parquet" and shards.classes == folder.classes
     for split in ("train", "val"):
-        by_path = {Path(p).name: i for i, p in enumerate(folder.splits[split].paths)}
-        assert len(shards.splits[split]) == len(by_path)
-        for j, path in enumerate(shards.splits[split].paths):
-            image, mask = shards.splits[split].load(j)
-            ref_image, ref_mask = folder.splits[split].load(by_path[Path(path).name])
+        by_path = {Path(p).name: i for i, p in enumerate(folder.split(split).paths)}
+        assert len(shards.split(split)) == len(by_path)
+        for j, path in enumerate(shards.split(split).paths):
+            image, mask = shards.split(split).load(j)
+            ref_image, ref_mask = folder.split(split).load(by_path[Path(path).name])
             assert np.array_equal(mask, ref_mask) and np.array_equal(np.asarray(image), np.asarray(ref_image))
     again = run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2", cwd=tmp_path)
     assert again.returncode == 0 and "shards written 0, kept 3" in again.stdout

@@ -20,7 +20,7 @@ from ropim.data.convert import convert
 from ropim.data.datasets import build_dataset, eval_transform, pretrain_transform
 from ropim.data.decode import BadImageError, decode_rgb
 from ropim.data.inspect import format_summary, inspect_source
-from ropim.data.sources import check_batch_fits, count_images, open_source, split_list
+from ropim.data.sources import check_batch_fits, count_images, open_source
 from ropim.errors import ConfigError
 
 
@@ -29,9 +29,9 @@ def test_imagefolder_lists_every_image_with_its_label_and_decodes_to_rgb(folder)
     cfg = DataConfig(str(root))
     src = open_source(cfg)
     assert src.format == "imagefolder" and src.classes == ["cat", "dog"] and not src.own_split
-    everything = split_list(src, cfg, None)
+    everything = src.split(None)
     assert dict(zip(everything.paths, everything.labels.tolist(), strict=True)) == {**good, broken: 1}
-    train, val = split_list(src, cfg, "train"), split_list(src, cfg, "val")
+    train, val = src.split("train"), src.split("val")
     assert sorted(train.paths + val.paths) == sorted(everything.paths) and not set(train.paths) & set(val.paths)
     assert count_images(cfg, "train") == len(train)
     for rel in good:
@@ -50,8 +50,8 @@ def test_imagefolder_own_train_val_split(tmp_path):
     cfg = DataConfig(str(tmp_path))
     src = open_source(cfg)
     assert src.own_split and src.classes == ["x", "y"]
-    val = split_list(src, cfg, "val")
-    assert len(split_list(src, cfg, "train")) == 6 and len(val) == 4
+    val = src.split("val")
+    assert len(src.split("train")) == 6 and len(val) == 4
     assert sorted(zip(val.paths, val.labels.tolist(), strict=True))[0] == ("val/x/0.png", 0)
 
 
@@ -62,7 +62,7 @@ def test_cifar10_and_cifar100_official_layouts(tmp_path):
         src = open_source(cfg)
         assert src.format == "cifar" and src.own_split and src.classes == [f"c{i}" for i in range(10)]
         for split in ("train", "val"):
-            lst = split_list(src, cfg, split)
+            lst = src.split(split)
             np.testing.assert_array_equal(lst.images, expect[split][0])
             np.testing.assert_array_equal(lst.labels, expect[split][1])
     ds = build_dataset(DataConfig(str(d)), "val", eval_transform(32))
@@ -95,7 +95,7 @@ def test_parquet_own_split_glob_uri_and_class_names(parquet_set, tmp_path):
         src = open_source(cfg)
         assert src.format == "parquet" and src.own_split and src.classes == ["a", "b", "c"]
         for split in ("train", "val"):
-            lst = split_list(src, cfg, split)
+            lst = src.split(split)
             assert lst.paths == [r[2] for r in rows[split]]
             assert lst.labels.tolist() == [r[1] for r in rows[split]]
             assert [lst.load(i) for i in (0, len(lst) - 1)] == [rows[split][0][0], rows[split][-1][0]]
@@ -106,10 +106,10 @@ def test_parquet_own_split_glob_uri_and_class_names(parquet_set, tmp_path):
     (flat / "classes.json").write_text(json.dumps(["a", "b", "c"]))
     cfg = DataConfig(str(flat), val_fraction=0.25, split_seed=3)
     src = open_source(cfg)
-    train, val = split_list(src, cfg, "train"), split_list(src, cfg, "val")
+    train, val = src.split("train"), src.split("val")
     assert not src.own_split and src.classes == ["a", "b", "c"]
     assert sorted(train.paths + val.paths) == sorted(r[2] for r in rows["train"]) and 3 <= len(val) <= 18
-    assert split_list(src, DataConfig(str(flat), val_fraction=0.25, split_seed=3), "val").paths == val.paths
+    assert open_source(DataConfig(str(flat), val_fraction=0.25, split_seed=3)).split("val").paths == val.paths
 
 
 def test_augmentation_matches_torchvision_resize_and_crop_rule():
@@ -215,7 +215,7 @@ def test_symlinks_are_followed_inside_the_root_once_and_never_outside(tmp_path):
     (root / "cat" / "again.png").symlink_to(root / "cat" / "c.png")  # the same file twice
     (root / "dog" / "leak").symlink_to(outside)  # outside the data set
     (root / "dog" / "leak.png").symlink_to(outside / "secret.png")
-    listed = split_list(open_source(DataConfig(str(root))), DataConfig(str(root)), None)
+    listed = open_source(DataConfig(str(root))).split(None)
     assert sorted(listed.paths) == ["cat/again.png", "dog/d.png"] or sorted(listed.paths) == ["cat/c.png",
                                                                                              "dog/d.png"]
 
@@ -262,7 +262,7 @@ def test_preflight_sample_reads_one_row_group_of_the_first_shard(tmp_path):
             writer.write_table(pa.table({"image": [b"x" if g == 0 else png()] * 4, "label": [0] * 4,
                                          "path": [f"{g}/{i}.png" for i in range(4)]}, schema=schema))
     cfg = DataConfig(str(tmp_path / "groups"), val_fraction=0.01)
-    images = split_list(open_source(cfg), cfg, "train")
+    images = open_source(cfg).split("train")
     assert [p for p, _ in images.head(8)] == [p for p in images.paths if p.startswith("0/")]
     with pytest.raises(ConfigError, match=r"groups'?: none of the first \d images of the training split decodes"):
         check_batch_fits(cfg, {"batch_size": 1})

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from support import encoder_folder, register_tiny_encoder
 
-from ropim.data.seg_config import SegDataConfig
+from ropim.data.config import SegDataConfig
 from ropim.errors import ConfigError
 from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe

@@ -18,7 +18,7 @@ from support import encoder_folder, run_cli, write_ade20k
 
 from ropim.core.config import ModelConfig
 from ropim.core.upernet import build_segmenter
-from ropim.data.seg_config import SegDataConfig
+from ropim.data.config import SegDataConfig
 from ropim.tracking import registry, store
 from ropim.train.driver import run
 from ropim.train.pretrain.config import PretrainConfig

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ropim.checks import COUNT, NON_NEGATIVE, POSITIVE, Range
-from ropim.data.seg_config import SegDataConfig
+from ropim.data.config import SegDataConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_SEGMENTER_NAME
 from ropim.train.encoder_job import TransferJob
@@ -55,14 +55,6 @@ class SegmentConfig(TransferJob):
         if self.batch_size // max(1, self.num_workers) < 2:
             raise ConfigError(f"batch_size={self.batch_size}: needs at least 2 images per worker (batch norm in the "
                               f"decoder) and must divide by num_workers={self.num_workers}")
-
-    def check_data(self) -> None:
-        """The training split holds a global batch of image and label-map pairs."""
-        from ropim.data.seg_sources import open_seg_source  # pyarrow, no torch
-
-        n = len(open_seg_source(self.data).splits["train"])
-        if n < self.batch_size:
-            raise ConfigError(f"batch_size={self.batch_size} exceeds the training split ({n} pairs)")
 
     def check_encoder(self, uri: str, config: dict) -> None:
         """The encoder (its ``config.json``) takes RGB images and its patch size divides the crop: one error naming

@@ -16,8 +16,9 @@ import torch
 from timm.optim import create_optimizer_v2
 
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
+from ropim.data.lists import IGNORE
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
-from ropim.data.seg_sources import IGNORE, open_seg_source
+from ropim.data.sources import open_source
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
 from ropim.train.segment.config import SegmentConfig
 from ropim.train.speed import adamw_kernels, images_to
@@ -57,7 +58,7 @@ class SegmentTask(EncoderTask):
     def __init__(self, config: dict, worker: Worker) -> None:
         super().__init__(config, worker)
         cfg = self.cfg
-        source = open_seg_source(cfg.data)
+        source = open_source(cfg.data)
         self.classes = source.classes
         self.train_set = build_seg_dataset(cfg.data, "train", seg_train_transform(
             cfg.crop_size, (cfg.scale_min, cfg.scale_max), cfg.hflip, cfg.photometric), source)

@@ -1,0 +1,99 @@
+"""What every source format shares: an opened source (``Source``), the seeded split rule and class names.
+No torch, no Ray, no MLflow.
+
+Splits: the source's own where it has one (ImageFolder ``train/`` + ``val/``, CIFAR train/test, ADE20K training/
+validation, Parquet files named ``train-*`` / ``val-*``), else a seeded fraction: an item is in ``val`` when a hash
+of (``split_seed``, its path relative to the source) falls below ``val_fraction``. Folders and their Parquet shards
+use the same rule on the same relative path, so ``ropim data convert`` keeps every item in its split. (The built-in
+digits keep their seeded permutation; a Parquet set without a ``path`` column hashes the image bytes.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ropim.data.lists import Items
+from ropim.errors import ConfigError
+
+if TYPE_CHECKING:  # the config imports this module to check a source
+    from ropim.data.config import DataConfig
+
+CLASSIFY, SEGMENT = "classify", "segment"  # DataConfig.TASK, SegDataConfig.TASK
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+
+
+def is_image(name: str) -> bool:
+    """Whether a file name is an image's (by its extension; hidden files are not)."""
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def in_val(keys, seed: int, fraction: float) -> np.ndarray:
+    """Boolean mask: which keys (paths as str, or image bytes) fall in the val fraction for ``seed``."""
+    prefix = f"ropim-split/{seed}/".encode()
+    out = np.empty(len(keys), dtype=bool)
+    for i, k in enumerate(keys):
+        h = hashlib.blake2b(prefix + (k.encode() if isinstance(k, str) else bytes(k)), digest_size=8).digest()
+        out[i] = int.from_bytes(h, "big") < fraction * 2**64
+    return out
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """A seeded random train/val partition of range(n) (the built-in digits' split)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    n_val = max(1, round(n * val_fraction))
+    return {"val": np.sort(perm[:n_val]), "train": np.sort(perm[n_val:])}
+
+
+def class_names(names: object, where: str) -> list[str]:
+    """A list of class names as strings; ConfigError naming ``where`` otherwise."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, (str, int)) for n in names):
+        raise ConfigError(f"class names in {where} must be a non-empty JSON list of strings, got {str(names)[:80]}")
+    return [str(n) for n in names]
+
+
+@dataclass
+class Source:
+    """An opened source: its format, location, class names and items, listed (nothing decoded). ``pools`` holds
+    'train' and 'val' where the source has a split of its own, else 'all', which ``split`` divides by the seeded
+    fraction of ``cfg``."""
+
+    format: str
+    location: str
+    classes: list[str]
+    cfg: DataConfig
+    pools: dict[str, Items] = field(default_factory=dict)
+
+    @property
+    def own_split(self) -> bool:
+        """Whether the split is the source's own (else the seeded fraction)."""
+        return "all" not in self.pools
+
+    def split(self, name: str | None, cache_files: int | None = None) -> Items:
+        """The items of split ``name`` ('train' / 'val'), or of the whole source (None); ConfigError if none.
+        ``cache_files``: how many Parquet files' images a list keeps read (None: all)."""
+        items = self.listed(name, cache_files)
+        if len(items) == 0:
+            what = f"split {name!r}" if name else "the data set"
+            noun = "pairs" if self.cfg.TASK == SEGMENT else "images"
+            fix = f"raise data.val_fraction or add more {noun}" if name == "val" and not self.own_split else \
+                f"add {noun}"
+            raise ConfigError(f"data source {self.cfg.source!r}: {what} is empty; {fix}")
+        return items
+
+    def listed(self, name: str | None, cache_files: int | None) -> Items:
+        """``split``'s items, maybe none."""
+        if name is None:
+            first, *rest = self.pools.values()
+            return first.concat(*rest) if rest else first
+        if self.own_split:
+            return self.pools[name]
+        pool = self.pools["all"]
+        return pool.subset(np.flatnonzero(self.in_val(pool) == (name == "val")))
+
+    def in_val(self, pool: Items) -> np.ndarray:
+        """Which items of a source without a split of its own fall in val (the hash of their paths)."""
+        return in_val(pool.paths, self.cfg.split_seed, self.cfg.val_fraction)

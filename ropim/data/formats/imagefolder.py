@@ -1,0 +1,95 @@
+"""ImageFolder trees, for classification: ``ROOT/<class>/<image>`` (any depth below the class folder), or
+``ROOT/train/<class>/…`` and ``ROOT/val/<class>/…`` (its own split). JPEG/PNG/WebP/BMP/GIF; greyscale, RGBA and
+palette images become RGB. No torch, no Ray, no MLflow."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from ropim.data.formats.common import CLASSIFY, IMAGE_EXTENSIONS, Source, is_image
+from ropim.data.lists import FileList
+from ropim.errors import ConfigError
+from ropim.paths import resolve_path
+
+if TYPE_CHECKING:  # the config imports this module to check a source
+    from ropim.data.config import DataConfig
+
+NAME = "imagefolder"
+TASKS = (CLASSIFY,)
+VAL_NAMES = ("val", "validation", "test")
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether real path ``path`` is ``root`` or below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def walk_images(folder: str, first_only: bool = False, root: str | None = None) -> list[str]:
+    """Image files below ``folder`` (sorted, recursive); stop at the first if asked. Symbolic links are followed only
+    to folders and files inside ``root`` (default: ``folder``), and every real folder and file is listed once, so a
+    link cycle cannot multiply the images and a link cannot leak one image into both splits."""
+    root_real, seen = os.path.realpath(root or folder), set()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen or not inside(real, root_real):
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for f in sorted(filenames):
+            target = os.path.realpath(os.path.join(dirpath, f))
+            if is_image(f) and target not in seen and inside(target, root_real):
+                seen.add(target)
+                out.append(os.path.join(dirpath, f))
+                if first_only:
+                    return out
+    return out
+
+
+def subdirs(folder: str) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+
+
+def imagefolder_splits(root: str) -> dict[str, str]:
+    """{'train': dir, 'val': dir} for ROOT/train + ROOT/val layouts, else {'all': ROOT (or ROOT/train)}."""
+    train = os.path.join(root, "train")
+    val = next((os.path.join(root, v) for v in VAL_NAMES if os.path.isdir(os.path.join(root, v))), None)
+    if os.path.isdir(train) and subdirs(train):
+        return {"train": train, "val": val} if val else {"all": train}
+    return {"all": root}
+
+
+def detect(path: str) -> bool:
+    """Any folder (the classification formats' last resort; ``check`` says what it lacks)."""
+    return os.path.isdir(path)
+
+
+def check(cfg: DataConfig) -> None:
+    """Every split folder holds a class folder with an image (stopping at the first: fast on large trees)."""
+    path = resolve_path(cfg.source)
+    for folder in imagefolder_splits(path).values():
+        if os.path.isdir(folder) and any(walk_images(os.path.join(folder, c), True, path) for c in subdirs(folder)):
+            continue
+        loose = [f for f in os.listdir(folder) if is_image(f)] if os.path.isdir(folder) else []
+        where = f"{len(loose)} images directly in {folder} but no class folders" if loose else \
+            f"no images ({'/'.join(IMAGE_EXTENSIONS)}) in class folders under {folder}"
+        raise ConfigError(f"data source {cfg.source!r}: {where}; an ImageFolder needs ROOT/<class>/<image> "
+                          f"(or ROOT/train/<class>/… and ROOT/val/<class>/…)")
+
+
+def source(cfg: DataConfig, img_size: int = 32) -> Source:
+    """Every image file, labelled by its class folder (``img_size``: unused, transforms resize)."""
+    root = resolve_path(cfg.source)
+    dirs = imagefolder_splits(root)
+    classes = sorted({c for d in dirs.values() if os.path.isdir(d) for c in subdirs(d)})
+    pools = {}
+    for split, d in dirs.items():
+        paths, labels = [], []
+        for label, c in enumerate(classes):
+            files = walk_images(os.path.join(d, c), root=root) if os.path.isdir(os.path.join(d, c)) else []
+            paths += [os.path.relpath(f, root).replace(os.sep, "/") for f in files]
+            labels += [label] * len(files)
+        pools[split] = FileList(root, labels, paths, classes)
+    return Source(NAME, root, classes, cfg, pools)
