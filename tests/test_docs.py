@@ -58,3 +58,12 @@ def test_every_documented_ropim_command_parses(tmp_path):
     failed = {shown: r.stderr.strip().splitlines()[-1:]
               for shown, r in zip(cases, results, strict=True) if r.returncode}
     assert not failed, failed
+
+
+def test_adding_a_job_counts_the_lines_of_the_real_files():
+    """docs/adding-a-job.md's table gives each file of the smallest job with its line count: the counts are the
+    files' own (a changed file changes the page)."""
+    rows = re.findall(r"^\| `([\w/]+\.py)` \|.*\| (\d+) \|$", (ROOT / "docs" / "adding-a-job.md").read_text(), re.M)
+    files = {path: int(n) for path, n in rows if path != "ropim/train/jobs.py"}  # jobs.py: its one entry's lines
+    assert len(files) >= 4, rows
+    assert {path: len((ROOT / path).read_text().splitlines()) for path in files} == files
