@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
 from ropim import commands
 from ropim.config_files import check_text, parser_mode
@@ -29,8 +29,10 @@ ERRORS = (ConfigError, JobFailed, LookupError, ConnectionError, FileNotFoundErro
 
 
 def parser_of(**kwargs) -> ArgumentParser:
-    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage, and reads
-    config files with ``ropim.config_files`` (an empty file is an empty config, a key given twice is refused)."""
+    """A parser that raises on bad flags (``main`` prints them as one line) instead of printing its usage, reads
+    config files with ``ropim.config_files`` (an empty file is an empty config, a key given twice is refused), and
+    shows each config field's docstring as its flag's help."""
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     return ArgumentParser(exit_on_error=False, parser_mode=parser_mode(), **kwargs)
 
 

@@ -41,25 +41,43 @@ class SweepConfig:
     """One sweep: how trials are chosen, how many run at once, and the pretraining run each trial is."""
 
     preset: str = "rho_ablation"
+    """the preset the sweep started from: the default name of the sweep and a tag of its MLflow run"""
     search: str = "grid"
+    """grid (every point of the space) or tpe (Optuna)"""
     space: dict = field(default_factory=dict)
+    """knob → {KIND: [values]}, KIND grid, choice, uniform or loguniform (a knob is a pretraining field: rho,
+    base_lr, epochs, …)"""
     metric: str = "knn_top1"
+    """what a trial scores: knn_top1, linear_top1, finetune_top1 or segment_miou"""
     scheduler: str = "none"
-    grace_period: int = 1  # ASHA: epochs before a trial can be stopped
-    reduction_factor: int = 2  # ASHA
-    num_samples: int = 1  # TPE: trials; grid: seeds per grid point (seed, seed+1, …)
-    max_concurrent: int | None = None  # None: as many as the cluster's CPUs (GPUs) fit
-    search_seed: int = 0  # TPE sampler seed
-    name: str | None = None  # the sweep's folder under storage_path and its MLflow parent run name
+    """none, or asha (stops weak trials early)"""
+    grace_period: int = 1
+    """ASHA: epochs before a trial can be stopped"""
+    reduction_factor: int = 2
+    """ASHA"""
+    num_samples: int = 1
+    """TPE: trials; grid: seeds per grid point (seed, seed+1, …)"""
+    max_concurrent: int | None = None
+    """None: as many as the cluster's CPUs (GPUs) fit"""
+    search_seed: int = 0
+    """TPE sampler seed"""
+    name: str | None = None
+    """the sweep's folder under storage_path and its MLflow parent run name"""
     storage_path: str = "ray_results"
+    """where the sweep's trials keep their checkpoints: a folder or a URI"""
     experiment: str = "ropim-sweep"
-    register: bool = True  # register the best trial's encoder and apply the champion rule (not when the pretraining's
-    # registered_model is "", as for every job)
-    pretrain: dict = field(default_factory=dict)  # PretrainConfig.to_dict() every trial starts from
-    finetune: dict = field(default_factory=dict)  # metric finetune_top1: FinetuneConfig fields of every trial's
-    # fine-tune (those of FINETUNE_FROM_TRIAL come from the trial)
-    segment: dict = field(default_factory=dict)  # metric segment_miou: SegmentConfig fields of every trial's
-    # segmentation (its own data; workers, seed and the encoder come from the trial)
+    """the MLflow experiment of the sweep's parent run"""
+    register: bool = True
+    """register the best trial's encoder and apply the champion rule (not when the pretraining's registered_model is
+    "", as for every job)"""
+    pretrain: dict = field(default_factory=dict)
+    """PretrainConfig.to_dict() every trial starts from"""
+    finetune: dict = field(default_factory=dict)
+    """metric finetune_top1: FinetuneConfig fields of every trial's fine-tune (those of FINETUNE_FROM_TRIAL come
+    from the trial)"""
+    segment: dict = field(default_factory=dict)
+    """metric segment_miou: SegmentConfig fields of every trial's segmentation (its own data; workers, seed and the
+    encoder come from the trial)"""
 
     @property
     def mode(self) -> str:

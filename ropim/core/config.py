@@ -61,22 +61,37 @@ def default_mask_unit(img_size: int, patch_size: int) -> int:
 class ModelConfig:
     """What builds a ROPIM model; every field is a plain value so it serializes to JSON."""
 
-    arch: str = "vit_tiny_patch16_224"  # the width: ViT-T/S/B
-    backbone: str = "vit"  # vit: timm ViT, learned absolute position embedding; beit: the paper's (shared relative
-    # position bias, layer scale 0.1, no absolute position embedding)
+    arch: str = "vit_tiny_patch16_224"
+    """the width: ViT-T/S/B"""
+    backbone: str = "vit"
+    """vit: timm ViT, learned absolute position embedding; beit: the paper's (shared relative position bias, layer
+    scale 0.1, no absolute position embedding)"""
     img_size: int = 224
+    """image side in pixels"""
     patch_size: int = 16
+    """patch side in pixels (divides img_size)"""
     in_chans: int = 3
-    depth: int | None = None  # None keeps the architecture's depth
-    drop_path_rate: float = 0.1  # stochastic depth of the encoder in pretraining (the paper's 0.1)
+    """image channels (RGB: 3)"""
+    depth: int | None = None
+    """None keeps the architecture's depth"""
+    drop_path_rate: float = 0.1
+    """stochastic depth of the encoder in pretraining (the paper's 0.1)"""
     rho: float = 1 / 7
+    """the sketch ratio ρ: K' = ceil(ρ·N) buckets for N tokens (the paper's 1/7)"""
     corruption: str = "rop"
+    """rop (ROPIM's random orthogonal projection), mask (SimMIM) or none"""
     loss: str = "l1"
+    """the reconstruction loss: l1 or l2"""
     hashing: str = "balanced"
-    literal_scale: bool = False  # True: S = rho·PᵀP as the paper's code (0.14·PᵀP = 0.98 Π at N=196) in place of Π
-    init: str = "timm"  # the paper presets: official (their encoders were trained from it); the CPU presets: timm
-    mask_ratio: float = 0.6  # corruption="mask": share of mask units hidden per image (SimMIM's 0.6)
-    mask_patch_size: int | None = None  # mask unit in pixels; None: 32 px at 224², scaled (see mask_unit)
+    """the sketch's buckets and signs: balanced, uniform, or official (the paper's code's)"""
+    literal_scale: bool = False
+    """True: S = rho·PᵀP as the paper's code (0.14·PᵀP = 0.98 Π at N=196) in place of Π"""
+    init: str = "timm"
+    """the paper presets: official (their encoders were trained from it); the CPU presets: timm"""
+    mask_ratio: float = 0.6
+    """corruption="mask": share of mask units hidden per image (SimMIM's 0.6)"""
+    mask_patch_size: int | None = None
+    """mask unit in pixels; None: 32 px at 224², scaled (see mask_unit)"""
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the bad field and its fix."""

@@ -16,12 +16,18 @@ from ropim.paths import resolve_path
 class DataConfig:
     """Where images come from, how they are split, and what to do with undecodable ones."""
 
-    source: str = "digits"  # "digits", or a folder / file / glob / URI (ImageFolder, CIFAR, Parquet)
+    source: str = "digits"
+    """"digits", or a folder / file / glob / URI (ImageFolder, CIFAR, Parquet)"""
     format: Literal["auto", "digits", "imagefolder", "cifar", "parquet"] = "auto"
-    val_fraction: float = 0.2  # used where the source has no split of its own
+    """the source's format (auto: detect it)"""
+    val_fraction: float = 0.2
+    """used where the source has no split of its own"""
     split_seed: int = 0
+    """seeds the val fraction's choice"""
     on_bad_image: Literal["skip", "fail"] = "skip"
-    max_pixels: int = 25_000_000  # larger images are bad images (a decompression-bomb guard: 2× a 12 MP photo)
+    """undecodable images: skip (count, log) or fail"""
+    max_pixels: int = 25_000_000
+    """larger images are bad images (a decompression-bomb guard: 2× a 12 MP photo)"""
 
     TASK: ClassVar[str] = "classify"  # what an item is: an image with a class (``ropim.data.formats``)
     FORMATS: ClassVar[tuple[str, ...]] = ("digits", "parquet", "cifar", "imagefolder")  # the formats of the task
@@ -60,10 +66,15 @@ class SegDataConfig(DataConfig):
     classes), which are shifted down by one as mmseg's ``reduce_zero_label`` does."""
 
     format: Literal["auto", "digits", "ade20k", "pairs", "parquet"] = "auto"
-    num_classes: int | None = None  # pairs without classes.json need it; others know their classes
-    canvas_size: int = 64  # built-in digits: the side of each canvas
-    canvases: int = 1200  # built-in digits: how many canvases (split by val_fraction)
-    check_pairs: int = 64  # pairs decoded before a run starts (sizes, label range); every pair is checked on load
+    """the source's format (auto: detect it)"""
+    num_classes: int | None = None
+    """pairs without classes.json need it; others know their classes"""
+    canvas_size: int = 64
+    """built-in digits: the side of each canvas"""
+    canvases: int = 1200
+    """built-in digits: how many canvases (split by val_fraction)"""
+    check_pairs: int = 64
+    """pairs decoded before a run starts (sizes, label range); every pair is checked on load"""
 
     TASK: ClassVar[str] = "segment"  # an image with a label map
     FORMATS: ClassVar[tuple[str, ...]] = ("digits", "parquet", "ade20k", "pairs")

@@ -23,21 +23,36 @@ class ProbeConfig:
     """Linear probe and kNN of a frozen encoder on one data set."""
 
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
+    """the encoder: models:/name/version, models:/name@alias, runs:/… or a local folder"""
     data: DataConfig = field(default_factory=DataConfig)
-    img_size: int | None = None  # None: the encoder's; another size resamples the position embedding
-    batch_size: int = 256  # feature extraction
+    """the images probed (``--data.*``)"""
+    img_size: int | None = None
+    """None: the encoder's; another size resamples the position embedding"""
+    batch_size: int = 256
+    """feature extraction"""
     knn_k: int = 20
+    """neighbours of the kNN classifier"""
     knn_temperature: float = 0.07
-    linear_c: float = 1.0  # inverse L2 strength of the logistic regression (scikit-learn's C)
-    linear_max_iter: int = 1000  # solver iterations (ropim.eval.linear: Newton-Cholesky or L-BFGS)
-    linear_threads: int | None = None  # BLAS / OpenMP threads of the probe's fit (None: 1 for the exact solver of
-    # small probes, bit for bit the same on any machine; the machine's for L-BFGS)
+    """temperature of the kNN vote's weights"""
+    linear_c: float = 1.0
+    """inverse L2 strength of the logistic regression (scikit-learn's C)"""
+    linear_max_iter: int = 1000
+    """solver iterations (ropim.eval.linear: Newton-Cholesky or L-BFGS)"""
+    linear_threads: int | None = None
+    """BLAS / OpenMP threads of the probe's fit (None: 1 for the exact solver of small probes, bit for bit the same
+    on any machine; the machine's for L-BFGS)"""
     use_gpu: bool = False
+    """extract features on a GPU"""
     dataloader_workers: int = 0
-    cache_dir: str | None = None  # keep extracted features here (safetensors), keyed by weights, data and size
+    """DataLoader processes"""
+    cache_dir: str | None = None
+    """keep extracted features here (safetensors), keyed by weights, data and size"""
     seed: int = 0
+    """seeds the probe's fit"""
     experiment: str = "ropim-probe"
+    """the MLflow experiment"""
     run_name: str | None = None
+    """the MLflow run's name (None: the job, date and a suffix)"""
 
     def validate(self) -> ProbeConfig:
         """Raise ConfigError naming the bad field and its fix."""
@@ -66,14 +81,22 @@ class ProbeConfig:
 class TransferConfig:
     """Encoders × data sets; ``finetune`` / ``probe`` hold the settings every cell shares."""
 
-    encoders: str = ""  # comma-separated encoder URIs
-    data: str = ""  # comma-separated data sources ('digits', folders, URIs); other data fields from the templates
-    mode: str = "finetune"  # finetune | probe
+    encoders: str = ""
+    """comma-separated encoder URIs"""
+    data: str = ""
+    """comma-separated data sources ('digits', folders, URIs); other data fields from the templates"""
+    mode: str = "finetune"
+    """finetune | probe"""
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """what every fine-tune cell shares (``--finetune.*``)"""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    segment_data: str = ""  # comma-separated segmentation sources: an mIoU column each, beside the classification
-    segment: SegmentConfig = field(default_factory=SegmentConfig)  # what every segmentation cell shares
+    """what every probe cell shares (``--probe.*``)"""
+    segment_data: str = ""
+    """comma-separated segmentation sources: an mIoU column each, beside the classification"""
+    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    """what every segmentation cell shares"""
     out: str = "transfer_results"
+    """the folder of the results table (CSV, Markdown, JSON)"""
 
     @property
     def encoder_list(self) -> list[str]:
@@ -133,6 +156,7 @@ class DemoConfig:
 
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """what every fine-tune cell shares (``--finetune.*``)"""
 
     def validate(self) -> DemoConfig:
         """Raise ConfigError naming the bad field of either part."""

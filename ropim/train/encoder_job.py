@@ -20,8 +20,10 @@ class EncoderJob(JobConfig):
     RULES = {**JobConfig.RULES, "dataloader_workers": Range(0, integer=True)}
     RESUMABLE = (*JobConfig.RESUMABLE, "dataloader_workers")
 
-    encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"  # models:/name/version, models:/name@alias, runs:/…
-    dataloader_workers: int = 0  # DataLoader processes per worker
+    encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
+    """models:/name/version, models:/name@alias, runs:/…"""
+    dataloader_workers: int = 0
+    """DataLoader processes per worker"""
 
     @property
     def run_prefix(self) -> str:
@@ -69,10 +71,16 @@ class TransferJob(EncoderJob):
     RULES = {**EncoderJob.RULES, "batch_size": COUNT, "eval_every": COUNT, "layer_decay": Range(0, 1, low_open=True),
              "drop_path": Range(0, 1, high_open=True), "hflip": SHARE}
 
-    random_init: bool = False  # same architecture, encoder weights not loaded: the from-scratch baseline
-    batch_size: int = 64  # global: split over num_workers
-    layer_decay: float = 0.75  # each block's lr is this × the next one's (the head at the full rate)
+    random_init: bool = False
+    """same architecture, encoder weights not loaded: the from-scratch baseline"""
+    batch_size: int = 64
+    """global: split over num_workers"""
+    layer_decay: float = 0.75
+    """each block's lr is this × the next one's (the head at the full rate)"""
     drop_path: float = 0.1
+    """stochastic depth of the encoder"""
     hflip: float = 0.5
-    eval_every: int = 1  # epochs between val evaluations (the last epoch always evaluates)
+    """horizontal flip probability"""
+    eval_every: int = 1
+    """epochs between val evaluations (the last epoch always evaluates)"""
     log_every: int = 20

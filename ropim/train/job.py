@@ -43,31 +43,40 @@ def dataset_name(data: DataConfig) -> str:
 class LoopConfig:
     """What the one training loop needs to know about a job."""
 
-    kind: str  # progress-line prefix: pretrain | finetune | random-init | graft | segment | …
+    kind: str
+    """progress-line prefix: pretrain | finetune | random-init | graft | segment | …"""
     epochs: int
-    global_batch_size: int  # images per optimizer step over all workers
-    lr: float  # peak learning rate
+    global_batch_size: int
+    """images per optimizer step over all workers"""
+    lr: float
+    """peak learning rate"""
     min_lr: float
     warmup_epochs: float
     seed: int
     accum_steps: int = 1
     clip_grad: float | None = None
-    precision: str = "auto"  # resolved on the worker's device (``ropim.train.speed.resolve_precision``)
+    precision: str = "auto"
+    """resolved on the worker's device (``ropim.train.speed.resolve_precision``)"""
     checkpoint_every: int = 1
     stop_after_epochs: int | None = None
     max_steps_per_epoch: int | None = None
-    eval_every: int = 0  # 0 = never
+    eval_every: int = 0
+    """0 = never"""
     log_every: int = 10
-    max_skipped_steps: int = 100  # fp16: consecutive steps the grad scaler may skip before the run stops
-    compile: bool = False  # torch.compile the model for training (JobConfig's speed options)
+    max_skipped_steps: int = 100
+    """fp16: consecutive steps the grad scaler may skip before the run stops"""
+    compile: bool = False
+    """torch.compile the model for training (JobConfig's speed options)"""
     channels_last: bool = False
     tf32: bool = False
-    async_checkpoint: bool = False  # Ray Train: checkpoints upload while the next epoch trains
-    schedule: str = "cosine"  # after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
-    # False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM and
-    # fine-tuning); True: it spans the steps after the warm-up (MoCo v3's and LGP's adjust_learning_rate: the decay
-    # starts at the peak and runs over the remaining epochs)
+    async_checkpoint: bool = False
+    """Ray Train: checkpoints upload while the next epoch trains"""
+    schedule: str = "cosine"
+    """after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr"""
     warmup_prefix: bool = False
+    """False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM
+    and fine-tuning); True: it spans the steps after the warm-up (MoCo v3's and LGP's adjust_learning_rate: the
+    decay starts at the peak and runs over the remaining epochs)"""
 
     @classmethod
     def of(cls, job: object, **fields) -> LoopConfig:
@@ -117,42 +126,72 @@ class JobConfig:
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
                                             "wait_for_resources", *SPEED_FLAGS)
 
-    compile: bool = False  # torch.compile the model's training forward and backward (the first steps compile)
-    adamw: str = "default"  # AdamW kernels: default (torch's choice: foreach on CUDA, a loop on CPU), foreach, fused
-    channels_last: bool = False  # NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)
-    tf32: bool = False  # CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)
-    pin_memory: bool = True  # CUDA + torch ingest: batches in page-locked memory, copied without blocking
-    # Ray Train: upload checkpoints in Ray's background thread while the next epoch trains; a worker lost before Ray
-    # registers the upload restarts the run one checkpoint further back (off: the loop waits for Ray's commit)
+    compile: bool = False
+    """torch.compile the model's training forward and backward (the first steps compile)"""
+    adamw: str = "default"
+    """AdamW kernels: default (torch's choice: foreach on CUDA, a loop on CPU), foreach, fused"""
+    channels_last: bool = False
+    """NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)"""
+    tf32: bool = False
+    """CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)"""
+    pin_memory: bool = True
+    """CUDA + torch ingest: batches in page-locked memory, copied without blocking"""
     async_checkpoint: bool = False
+    """Ray Train: upload checkpoints in Ray's background thread while the next epoch trains; a worker lost before
+    Ray registers the upload restarts the run one checkpoint further back (off: the loop waits for Ray's commit)"""
     data: DataConfig = field(default_factory=DataConfig)
+    """where the images come from and how they are split (``--data.*``)"""
     epochs: int = 10
+    """epochs of the whole run (the schedule spans them; ``stop_after_epochs`` stops earlier)"""
     min_lr: float = 1e-6
+    """the learning rate the schedule decays to"""
     warmup_epochs: float = 1.0
+    """epochs of linear warm-up from 0 to the peak learning rate"""
     weight_decay: float = 0.05
-    clip_grad: float | None = None  # max gradient norm; None: no clipping
-    # fp32 | auto (bf16 on CPUs with native bf16, else fp32) | bf16 | fp16 (GPU only). fp32 by default: bf16 is
-    # unmeasured for most jobs, and bf16 fine-tuning lost 3.9 points from random init (bench/demo_precision.py)
+    """AdamW's decoupled weight decay"""
+    clip_grad: float | None = None
+    """max gradient norm; None: no clipping"""
     precision: str = "fp32"
-    num_workers: int = 2  # Ray Train workers; 0 runs the same loop in this process (no Ray)
+    """fp32 | auto (bf16 on CPUs with native bf16, else fp32) | bf16 | fp16 (GPU only). fp32 by default: bf16 is
+    unmeasured for most jobs, and bf16 fine-tuning lost 3.9 points from random init (bench/demo_precision.py)"""
+    num_workers: int = 2
+    """Ray Train workers; 0 runs the same loop in this process (no Ray)"""
     use_gpu: bool = False
+    """one GPU per worker"""
     cpus_per_worker: float = 1.0
-    placement_strategy: str = "PACK"  # workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)
-    min_workers: int | None = None  # elastic: after a node is lost, restart on as few as this (None: num_workers)
+    """logical CPUs Ray reserves per worker"""
+    placement_strategy: str = "PACK"
+    """workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)"""
+    min_workers: int | None = None
+    """elastic: after a node is lost, restart on as few as this (None: num_workers)"""
     seed: int = 0
-    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch always checkpoints)
+    """seeds the model's initialisation, the data order and the augmentations"""
+    checkpoint_every: int = 1
+    """epochs between checkpoints (the last epoch always checkpoints)"""
     keep_checkpoints: int = 2
-    max_failures: int = 1  # worker-group restarts from the latest checkpoint before the run fails
-    stop_after_epochs: int | None = None  # train this many epochs in this job, checkpoint, stop (re-run continues)
-    max_steps_per_epoch: int | None = None  # cap for smoke runs
-    max_skipped_steps: int = 100  # fp16: more consecutive steps skipped by the grad scaler stop the run
-    wait_for_resources: bool = False  # wait for GPUs / CPUs the (local) cluster lacks instead of failing
-    eval_every: int = 0  # epochs between evaluations on the val split (0 = never; the last epoch too when not 0)
-    log_every: int = 10  # steps between progress lines
-    experiment: str = ""  # the MLflow experiment (each job names its own)
+    """checkpoints kept in storage_path (the newest)"""
+    max_failures: int = 1
+    """worker-group restarts from the latest checkpoint before the run fails"""
+    stop_after_epochs: int | None = None
+    """train this many epochs in this job, checkpoint, stop (re-run continues)"""
+    max_steps_per_epoch: int | None = None
+    """cap for smoke runs"""
+    max_skipped_steps: int = 100
+    """fp16: more consecutive steps skipped by the grad scaler stop the run"""
+    wait_for_resources: bool = False
+    """wait for GPUs / CPUs the (local) cluster lacks instead of failing"""
+    eval_every: int = 0
+    """epochs between evaluations on the val split (0 = never; the last epoch too when not 0)"""
+    log_every: int = 10
+    """steps between progress lines"""
+    experiment: str = ""
+    """the MLflow experiment (each job names its own)"""
     run_name: str | None = None
+    """the MLflow run and the checkpoint folder's name (None: the job, date and a suffix)"""
     storage_path: str = "ray_results"
-    registered_model: str = ""  # what the job registers its result as ("" = do not register)
+    """where checkpoints go: a folder or a URI (s3://…)"""
+    registered_model: str = ""
+    """what the job registers its result as ("" = do not register)"""
 
     @property
     def kind(self) -> str:

@@ -14,17 +14,28 @@ from ropim.paths import resolve_path
 class VizConfig:
     """``ropim viz``: pictures from a checkpoint (full grid) or a registered encoder, and Figure 5."""
 
-    encoder: str | None = None  # models:/… of a registered encoder: projection columns (+ predictions with a decoder)
-    checkpoint: str | None = None  # Ray Train checkpoint folder (model.safetensors + config.json): the full grid
-    out: str = "viz"  # output folder for the PNGs and token_errors.json
-    n_images: int = 6  # rows of the reconstruction grid (first images of the split)
+    encoder: str | None = None
+    """models:/… of a registered encoder: projection columns (+ predictions with a decoder)"""
+    checkpoint: str | None = None
+    """Ray Train checkpoint folder (model.safetensors + config.json): the full grid"""
+    out: str = "viz"
+    """output folder for the PNGs and token_errors.json"""
+    n_images: int = 6
+    """rows of the reconstruction grid (first images of the split)"""
     split: str = "val"
-    scale: int | None = None  # panel upscaling; None: about 128 px per panel
-    seed: int = 0  # seeds the corruption drawn for the pictures
-    fig5_images: int = 64  # images in the Figure-5 analysis
+    """the split the images come from"""
+    scale: int | None = None
+    """panel upscaling; None: about 128 px per panel"""
+    seed: int = 0
+    """seeds the corruption drawn for the pictures"""
+    fig5_images: int = 64
+    """images in the Figure-5 analysis"""
     fig5_rho: float = 0.25
+    """Figure 5: the sketch ratio"""
     fig5_mask_ratio: float = 0.75
+    """Figure 5: the masking ratio ROPIM is compared with"""
     fig5_threshold: float = 0.1
+    """Figure 5: a token counts as changed when its error exceeds this"""
 
     def validate(self) -> VizConfig:
         """Raise ConfigError naming the bad field and its fix."""

@@ -67,3 +67,13 @@ def test_every_job_has_its_ray_job_entry():
         entry = ROOT / job.entry
         assert entry.is_file() and f"`ropim {job.name}`" in entry.read_text()
         assert job.experiment == f"ropim-{job.name}"
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_every_flag_says_what_it_does(name):
+    """`ropim <job> --help` explains every flag: each config field's docstring is its help (no bare "(type: …)")."""
+    help_text = job_parser(job_commands()[name][0], name, "").format_help()
+    entries = re.split(r"\n  (?=--)", help_text.split("\noptions:\n", 1)[1])
+    bare = [e.split()[0] for e in entries if re.match(r"--[\w.]+ +\S+\s+\(type:", e) or
+            re.match(r"--[\w.]+ \{true,false\}\s+\(type:", e)]
+    assert len(entries) > 40 and not bare, bare

@@ -21,17 +21,26 @@ class FinetuneConfig(TransferJob):
              "mixup": NON_NEGATIVE, "cutmix": NON_NEGATIVE, "reprob": SHARE,
              "crop_scale_min": Range(0, 1, low_open=True), "img_size": Range(1, integer=True, optional=True)}
 
-    img_size: int | None = None  # None: the encoder's; another size resamples the position embedding
-    base_lr: float = 5e-3  # lr = base_lr × batch_size / 512 (the paper's grid: 5e-3, 1e-2, 2e-2)
+    img_size: int | None = None
+    """None: the encoder's; another size resamples the position embedding"""
+    base_lr: float = 5e-3
+    """lr = base_lr × batch_size / 512 (the paper's grid: 5e-3, 1e-2, 2e-2)"""
     warmup_epochs: float = 5.0
     label_smoothing: float = 0.1
+    """cross-entropy label smoothing"""
     mixup: float = 0.8
+    """Mixup α (0: off)"""
     cutmix: float = 1.0
-    randaugment: str = "rand-m9-mstd0.5-inc1"  # timm's RandAugment 9 / 0.5; "" disables
+    """CutMix α (0: off)"""
+    randaugment: str = "rand-m9-mstd0.5-inc1"
+    """timm's RandAugment 9 / 0.5; "" disables"""
     reprob: float = 0.25
+    """random erasing probability"""
     crop_scale_min: float = 0.08
+    """RandomResizedCrop's smallest area share"""
     experiment: str = "ropim-finetune"
-    registered_model: str = DEFAULT_CLASSIFIER_NAME  # "" = do not register the classifier
+    registered_model: str = DEFAULT_CLASSIFIER_NAME
+    """"" = do not register the classifier"""
 
     def check(self) -> None:
         workers = max(1, self.num_workers)

@@ -29,26 +29,43 @@ class GraftConfig(EncoderJob):
     FLAGS = (*EncoderJob.FLAGS, "momentum_cosine", "freeze_patch_embed", "eval_linear_probe")
     warmup_prefix = True  # MoCo v3's schedule: after the warm-up, a half cosine over the remaining epochs (LoopConfig)
 
-    global_batch_size: int = 128  # images (pairs of views) per optimizer step over all workers
-    accum_steps: int = 1  # gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)
-    base_lr: float = 1.5e-4  # upper blocks' lr = base_lr × global_batch_size / 256 (MoCo v3's rule)
+    global_batch_size: int = 128
+    """images (pairs of views) per optimizer step over all workers"""
+    accum_steps: int = 1
+    """gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)"""
+    base_lr: float = 1.5e-4
+    """upper blocks' lr = base_lr × global_batch_size / 256 (MoCo v3's rule)"""
     min_lr: float = 0.0
     weight_decay: float = 0.1
-    beta2: float = 0.999  # AdamW β2 (torch's default, as MoCo v3 uses it)
-    lower_blocks: int | None = None  # blocks 0 … lower_blocks−1 (and the embedding) at the lower rate; None: 2/3
-    lower_lr_ratio: float = 0.1  # their lr as a share of the upper blocks' (LGP: 1.5e-5 / 1.5e-4)
-    temperature: float = 0.2  # MoCo v3's τ for ViT
-    momentum: float = 0.99  # m0 of the momentum encoder's EMA
-    momentum_cosine: bool = True  # m rises from m0 to 1 on a half cosine over the run (MoCo v3's --moco-m-cos)
-    proj_dim: int = 256  # output of projector and predictor
-    mlp_dim: int = 4096  # hidden width of projector and predictor
-    freeze_patch_embed: bool = True  # MoCo v3's stability fix (--stop-grad-conv1): the patch projection not trained
-    crop_min: float = 0.08  # RandomResizedCrop's smallest area share
-    drop_path: float = 0.0  # stochastic depth of the encoder while grafting (MoCo v3 uses none)
-    eval_linear_probe: bool = False  # on eval epochs (kNN top-1 of the encoder) also fit a linear probe: linear_top1
+    beta2: float = 0.999
+    """AdamW β2 (torch's default, as MoCo v3 uses it)"""
+    lower_blocks: int | None = None
+    """blocks 0 … lower_blocks−1 (and the embedding) at the lower rate; None: 2/3"""
+    lower_lr_ratio: float = 0.1
+    """their lr as a share of the upper blocks' (LGP: 1.5e-5 / 1.5e-4)"""
+    temperature: float = 0.2
+    """MoCo v3's τ for ViT"""
+    momentum: float = 0.99
+    """m0 of the momentum encoder's EMA"""
+    momentum_cosine: bool = True
+    """m rises from m0 to 1 on a half cosine over the run (MoCo v3's --moco-m-cos)"""
+    proj_dim: int = 256
+    """output of projector and predictor"""
+    mlp_dim: int = 4096
+    """hidden width of projector and predictor"""
+    freeze_patch_embed: bool = True
+    """MoCo v3's stability fix (--stop-grad-conv1): the patch projection not trained"""
+    crop_min: float = 0.08
+    """RandomResizedCrop's smallest area share"""
+    drop_path: float = 0.0
+    """stochastic depth of the encoder while grafting (MoCo v3 uses none)"""
+    eval_linear_probe: bool = False
+    """on eval epochs (kNN top-1 of the encoder) also fit a linear probe: linear_top1"""
     knn_k: int = 20
+    """neighbours of the kNN top-1 evaluation (every eval_every epochs)"""
     experiment: str = "ropim-graft"
-    registered_model: str = DEFAULT_ENCODER_NAME  # the grafted encoder: a new version of this model ("": none)
+    registered_model: str = DEFAULT_ENCODER_NAME
+    """the grafted encoder: a new version of this model ("": none)"""
 
     def check(self) -> None:
         micro = self.global_batch_size // (max(1, self.num_workers) * self.accum_steps)

@@ -26,19 +26,30 @@ class PretrainConfig(JobConfig):
     RESUMABLE = (*JobConfig.RESUMABLE, "eval_async")
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
+    """the encoder, its corruption and its loss (``--model.*``)"""
     global_batch_size: int = 128
-    accum_steps: int = 1  # gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)
-    base_lr: float = 1e-3  # lr = base_lr × global_batch_size / 512
+    """images per optimizer step over all workers"""
+    accum_steps: int = 1
+    """gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)"""
+    base_lr: float = 1e-3
+    """lr = base_lr × global_batch_size / 512"""
     beta2: float = 0.95
-    clip_grad: float | None = 5.0  # max gradient norm (the paper's 5.0); None = no clipping
-    # auto (bf16 on native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16 (GPU); bf16 pretraining kept the demo's
-    # scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)
+    """AdamW β2 (the paper's 0.95)"""
+    clip_grad: float | None = 5.0
+    """max gradient norm (the paper's 5.0); None = no clipping"""
     precision: str = "auto"
-    ingest: str = "torch"  # torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded
-    eval_linear_probe: bool = False  # on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1
-    eval_async: bool = True  # eval epochs before the job's last run beside training (false: inline, what ASHA needs)
-    viz_every: int = 10  # epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)
-    knn_k: int = 20  # neighbours of the kNN top-1 evaluation (every eval_every epochs)
+    """auto (bf16 on native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16 (GPU); bf16 pretraining kept the demo's
+    scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)"""
+    ingest: str = "torch"
+    """torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded"""
+    eval_linear_probe: bool = False
+    """on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1"""
+    eval_async: bool = True
+    """eval epochs before the job's last run beside training (false: inline, what ASHA needs)"""
+    viz_every: int = 10
+    """epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)"""
+    knn_k: int = 20
+    """neighbours of the kNN top-1 evaluation (every eval_every epochs)"""
     experiment: str = "ropim-pretrain"
     registered_model: str = DEFAULT_ENCODER_NAME
 

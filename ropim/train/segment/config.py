@@ -27,25 +27,40 @@ class SegmentConfig(TransferJob):
     schedule = "poly"  # the loop's decay after the warm-up (``LoopConfig.schedule``)
 
     data: SegDataConfig = field(default_factory=SegDataConfig)
-    crop_size: int = 512  # training crops and inference windows; the encoder is rebuilt at this size
-    epochs: int = 128  # optimizer steps = epochs × steps per epoch (max_steps_per_epoch caps the latter)
-    batch_size: int = 16  # global: split over num_workers
-    lr: float = 1e-4  # peak learning rate (not scaled by the batch)
+    crop_size: int = 512
+    """training crops and inference windows; the encoder is rebuilt at this size"""
+    epochs: int = 128
+    """optimizer steps = epochs × steps per epoch (max_steps_per_epoch caps the latter)"""
+    batch_size: int = 16
+    """global: split over num_workers"""
+    lr: float = 1e-4
+    """peak learning rate (not scaled by the batch)"""
     min_lr: float = 0.0
     warmup_epochs: float = 1.2
     layer_decay: float = 0.65
-    channels: int = 768  # UperNet's decoder width (BEiT's and MAE's mmseg configs: the encoder width)
-    aux_channels: int = 256  # the auxiliary FCN head's width
-    aux_weight: float = 0.4  # the auxiliary loss weight
-    dropout: float = 0.1  # before each classifier
-    scale_min: float = 0.5  # random scale of the shorter side, × crop_size
+    channels: int = 768
+    """UperNet's decoder width (BEiT's and MAE's mmseg configs: the encoder width)"""
+    aux_channels: int = 256
+    """the auxiliary FCN head's width"""
+    aux_weight: float = 0.4
+    """the auxiliary loss weight"""
+    dropout: float = 0.1
+    """before each classifier"""
+    scale_min: float = 0.5
+    """random scale of the shorter side, × crop_size"""
     scale_max: float = 2.0
-    photometric: bool = True  # brightness, contrast, saturation, hue jitter, each with probability 0.5
-    eval_mode: Literal["slide", "whole"] = "slide"  # sliding windows over the shorter-side-resized image, or one
-    eval_stride: int | None = None  # sliding-window stride (None: 2/3 of crop_size, mmseg's 341 at 512)
-    viz_images: int = 4  # val images in the logged picture (image | ground truth | prediction); 0 = none
+    """the largest random scale of the shorter side, × crop_size"""
+    photometric: bool = True
+    """brightness, contrast, saturation, hue jitter, each with probability 0.5"""
+    eval_mode: Literal["slide", "whole"] = "slide"
+    """sliding windows over the shorter-side-resized image, or one"""
+    eval_stride: int | None = None
+    """sliding-window stride (None: 2/3 of crop_size, mmseg's 341 at 512)"""
+    viz_images: int = 4
+    """val images in the logged picture (image | ground truth | prediction); 0 = none"""
     experiment: str = "ropim-segment"
-    registered_model: str = DEFAULT_SEGMENTER_NAME  # "" = do not register the segmenter
+    registered_model: str = DEFAULT_SEGMENTER_NAME
+    """"" = do not register the segmenter"""
 
     def check(self) -> None:
         if self.scale_min > self.scale_max:
