@@ -213,7 +213,8 @@ def typed_fields(parser: ArgumentParser, argv: list[str], command: str) -> froze
 def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input. ``quiet`` (default:
     when run as a program, i.e. without ``argv``) filters library chatter from the console (``quiet_console``)."""
-    if argv is None if quiet is None else quiet:
+    program = argv is None if quiet is None else quiet  # the process is this command (console script, jobs/*.py)
+    if program:
         quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "ropim")
@@ -233,6 +234,8 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
             commands.run_job(args.command, ns, typed_fields(parser, argv, args.command))
         else:
             commands.runner(args.command)(ns)
+        if program and installed:
+            STOP.finished()  # recorded and printed: a stop signal now only cuts the interpreter's teardown short
     except KeyboardInterrupt as err:  # a stop signal: an open run said how it ended (``ropim.tracking.signals``)
         raise SystemExit(stopped(command, err)) from None
     except Exception as err:
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
             raise SystemExit(f"ropim {command}: {one_line(err)} (see `{where} --help`)") from None
         raise
     finally:
-        if installed:
+        if installed and not STOP.done:
             STOP.restore()
 
 

@@ -15,10 +15,17 @@ such as ``logging``'s, a ``__del__``, a weakref callback) and reports it to ``sy
 are installed, an ``Interrupted`` reported there is raised again on the main thread a moment later,
 so the job stops instead of running on with the signal spent. A job whose code turns the interrupt into another
 error still ends KILLED (``received``).
+
+Once a command has finished (``finished``: its result recorded and printed), the interpreter's teardown (threads,
+``atexit`` callbacks such as Ray's shutdown, the modules' finalizers) may still take seconds. A stop signal then ends
+the process at once with status 0, as nothing is left to stop. Python drops its signal handlers late in the teardown,
+after the ``atexit`` callbacks, so from the last callback on the stop signals are ignored (a signal left to the
+default action would kill the finished process with no word, status −2 or −15).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -55,6 +62,8 @@ class StopSignals:
         self.hook = None  # sys.unraisablehook before ``install``
         self.reported = False  # a run said how the stop ended it (``ropim.tracking.runs.Run``)
         self.timer: threading.Timer | None = None  # a dropped stop, to be raised again
+        self.done = False  # the command finished: only the interpreter's teardown is left (``finished``)
+        atexit.register(self.at_exit)  # at import, before the libraries': it runs after theirs (last in, first out)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.again:
@@ -117,6 +126,25 @@ class StopSignals:
         """The stop signal that ended the job: ``err``'s, else the one received (libraries that catch the
         interrupt re-raise a plain KeyboardInterrupt), else SIGINT."""
         return signal.Signals(getattr(err, "signum", None) or self.received or signal.SIGINT).name
+
+    def finished(self) -> None:
+        """The command is done: a stop signal from now on ends the process at once, with status 0."""
+        self.done = True
+        for s in STOP_SIGNALS:
+            signal.signal(s, self.leave)
+
+    @staticmethod
+    def leave(signum: int, frame: FrameType | None) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def at_exit(self) -> None:
+        """The last ``atexit`` callback: a finished command ignores the stop signals while Python finalizes, which it
+        does without its signal handlers."""
+        if self.done:
+            for s in STOP_SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
 
     def restore(self) -> None:
         """Give the stop signals back to the handlers they had before ``install``."""

@@ -52,3 +52,38 @@ def test_other_unraisable_errors_still_reach_the_previous_hook():
         assert [type(r.exc_value) for r in seen] == [ValueError]
     finally:
         sys.unraisablehook = hook
+
+
+# A finished command's teardown, as a program: an atexit callback as slow as Ray's shutdown (registered after the
+# stop handlers, so it runs before their last callback), then a module finalizer as slow as a big library's.
+TEARDOWN = """
+import atexit, os, sys, time
+from ropim.tracking.signals import STOP
+
+class Slow:
+    def __del__(self):
+        os.write(1, b"finalizing\\n")
+        time.sleep(1.5)
+
+keep = Slow()
+STOP.install()
+atexit.register(lambda: (os.write(1, b"atexit\\n"), time.sleep(1.5)))
+STOP.finished()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("phase", ["atexit", "finalizing"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_a_finished_commands_teardown_ends_it_with_status_0(phase, sig):
+    """Before, a stop signal that arrived once Python had dropped its handlers (the modules' finalizers, after the
+    atexit callbacks) killed the finished process by the default action, with no word: status -2 or -15."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", TEARDOWN], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in proc.stdout:
+        if line.decode().strip() == phase:
+            proc.send_signal(sig)
+            break
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and b"Traceback" not in err, (proc.returncode, err.decode()[-1500:])
