@@ -45,8 +45,9 @@ def run_data(ns: Namespace) -> None:
 
         rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
         images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
-        print(f"{rep.dst}: {images} images; shards written {rep.shards_written}, kept {rep.shards_kept}; "
-              f"bad images skipped {rep.bad_images}")
+        noun = "pairs" if args.task == "segment" else "images"
+        print(f"{rep.dst}: {images} {noun}; shards written {rep.shards_written}, kept {rep.shards_kept}; "
+              f"bad {noun} skipped {rep.bad_images}")
     elif args.task == "segment":
         from ropim.data.sources import open_source
 
