@@ -50,7 +50,8 @@ test-faults: $(VENV)/.installed
 	$(VENV)/bin/pytest -m faults
 
 # whole jobs end to end that make test covers by smaller runs (marker `slow`): sweeps whose trials fine-tune or
-# segment, two Ray workers through a linked folder, segmentation on Ray and its registered segmenter, the installed wheel
+# segment, two Ray workers through a linked folder, segmentation on Ray and its registered segmenter, the installed wheel,
+# a paper preset refusing a digits champion
 test-slow: $(VENV)/.installed
 	$(VENV)/bin/pytest -m slow
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from support import register_tiny_encoder, run_cli
 
 from ropim.tracking import store
@@ -78,6 +79,7 @@ def test_two_concurrent_promotions_leave_the_better_encoder_holding_both_aliases
         assert holders == {"champion": "1", "champion-digits": "1"}, (name, holders)
 
 
+@pytest.mark.slow  # a fresh `ropim finetune` process: make test-slow, to keep make test under 6 minutes
 def test_a_digits_champion_is_never_the_paper_presets_encoder(workdir):
     """A sweep on digits promotes its encoder to `champion`; the paper presets load the champion of their own shape
     (ViT-B/16 at 224), so `ropim finetune --preset vit_base` without --encoder is refused in pre-flight, in one line,
