@@ -14,7 +14,9 @@ from ropim.tracking.signals import STOP
 @contextlib.contextmanager
 def sigterm_kept() -> Iterator[None]:
     """Around ``ray.init``, which installs its own SIGTERM handler (``sys.exit(15)``) for good as it starts: a SIGTERM
-    meanwhile is handled as a stop signal (``ropim.tracking.signals``), and the caller's handler comes back after."""
+    meanwhile is handled as a stop signal (``ropim.tracking.signals``), and the caller's handler comes back after.
+    Ray's core worker also installs a C++ failure handler for SIGTERM as it starts; one that caught the signal arms a
+    3 s alarm that would abort the job's orderly stop (status −6 after its stop line): it is cancelled."""
     handler = signal.getsignal(signal.SIGTERM)
     try:
         yield
@@ -25,6 +27,8 @@ def sigterm_kept() -> Iterator[None]:
     finally:
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)
+        if STOP.received == signal.SIGTERM:  # Ray's C++ failure handler saw it too: its 3 s abort alarm cancelled
+            signal.alarm(0)
 
 
 def fit_trainer(trainer):
