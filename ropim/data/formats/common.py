@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 CLASSIFY, SEGMENT = "classify", "segment"  # DataConfig.TASK, SegDataConfig.TASK
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+VAL_NAMES = ("val", "validation", "test")  # a folder or shard-name prefix that holds a source's own val split
 
 
 def is_image(name: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import CLASSIFY, IMAGE_EXTENSIONS, Source, is_image
+from ropim.data.formats.common import CLASSIFY, IMAGE_EXTENSIONS, VAL_NAMES, Source, is_image
 from ropim.data.lists import FileList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 NAME = "imagefolder"
 TASKS = (CLASSIFY,)
-VAL_NAMES = ("val", "validation", "test")
 
 
 def inside(path: str, root: str) -> bool:

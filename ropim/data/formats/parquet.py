@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ropim.data import footers
-from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, class_names, in_val
+from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
 from ropim.data.lists import ImageList, Items, SegList
 from ropim.errors import ConfigError
 from ropim.filesystems import filesystem as open_location
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 NAME = "parquet"
 TASKS = (CLASSIFY, SEGMENT)
-VAL_NAMES = ("val", "validation", "test")
 HINT = "give a folder, glob or URI of Parquet shards (`ropim data convert` writes them)"
 ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
 COLUMNS = {CLASSIFY: ("image", "label"), SEGMENT: ("image", "mask")}
