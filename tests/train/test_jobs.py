@@ -1,9 +1,13 @@
 """The job declarations: every job's command-line flags and default config are what they were before the shared
 fields moved to one base config (``tests/train/jobs_before.json``, written from the code before), a config survives
-its dict round trip, a job's config is validated once per process, and every job has its ``jobs/`` entry."""
+its dict round trip, a job's config is validated once per process, a flag reaches the model through at most five
+modules, and every job has its ``jobs/`` entry."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
 import json
 import re
 from pathlib import Path
@@ -12,9 +16,11 @@ import pytest
 from support import ROOT, encoder_folder
 
 from ropim.cli import job_commands, job_parser, main
+from ropim.core.model import ROPIM
 from ropim.tracking import store
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.jobs import JOBS
+from ropim.train.pretrain.config import PretrainConfig
 
 BEFORE = json.loads(Path(__file__).with_name("jobs_before.json").read_text())
 
@@ -47,19 +53,54 @@ def test_a_job_validates_its_config_once(workdir, monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines()[-1].startswith("top-1 ")
 
 
-def test_an_empty_registered_model_registers_nothing_for_pretraining_too(workdir, capsys):
+@pytest.fixture(scope="module")
+def pretrained(workdir):
+    """One tiny in-process `ropim pretrain --model.rho 0.3 --registered_model ""`, watched: its printed lines, each
+    validation of its config, and the ropim modules on the call stack when the model is built."""
+    seen = {"validated": [], "built": []}
+    validate, build = PretrainConfig.validate, ROPIM.__init__
+
+    def counted(self):
+        seen["validated"].append(inspect.stack()[1].frame.f_globals["__name__"])
+        return validate(self)
+
+    def watched(self, cfg):
+        seen["built"].append((cfg.rho, [f.frame.f_globals["__name__"] for f in inspect.stack()[1:]]))
+        build(self, cfg)
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(PretrainConfig, "validate", counted)
+        patch.setattr(ROPIM, "__init__", watched)
+        main(["pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "1",
+              "--model.rho", "0.3", "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0",
+              "--registered_model", "", "--run_name", "unregistered"])
+    return {**seen, "said": out.getvalue().splitlines()}
+
+
+def test_an_empty_registered_model_registers_nothing_for_pretraining_too(workdir, pretrained):
     """`ropim pretrain --registered_model ""`: "" means "do not register" for every job (the driver's rule); before,
     pretraining trained to the end and died in MLflow's `Missing value for required parameter 'name'`."""
-    main(["pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "1",
-          "--global_batch_size", "16", "--max_steps_per_epoch", "1", "--viz_every", "0", "--registered_model", "",
-          "--run_name", "unregistered"])
-    said = capsys.readouterr().out.splitlines()
     folder = workdir / "ray_results" / "unregistered" / "in_process" / "checkpoint_000001"
-    assert said[-2:] == [f"[pretrain] finished, nothing registered: {folder}", str(folder)]
+    assert pretrained["said"][-2:] == [f"[pretrain] finished, nothing registered: {folder}", str(folder)]
     c = store.client()
     run = c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id], "attributes.run_name = "
                         "'unregistered'")[0]
     assert run.info.status == "FINISHED" and not c.search_model_versions(f"run_id='{run.info.run_id}'")
+
+
+def test_a_flag_reaches_the_model_through_at_most_five_modules(pretrained):
+    """`--model.rho 0.3` from the command line (``ropim.cli`` and its commands) to the model (``ropim.core.model``):
+    the modules it crosses are the one that validates it (once) and those on the call stack that builds the model
+    (in-process; under Ray the worker's stack holds the same loop, task and model)."""
+    assert pretrained["validated"] == ["ropim.train.jobs"]
+    [(rho, stack)] = pretrained["built"]
+    assert rho == 0.3
+    start = stack.index("ropim.cli")
+    crossed = dict.fromkeys(pretrained["validated"] + [m for m in reversed(stack[:start]) if m.startswith("ropim.")])
+    crossed = [m for m in crossed if m not in ("ropim.cli", "ropim.commands")]
+    assert len(crossed) <= 5, crossed
+    assert crossed[-1] == "ropim.train.pretrain.task", crossed
 
 
 def test_every_job_has_its_ray_job_entry():
