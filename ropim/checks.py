@@ -135,6 +135,13 @@ def local_cpus() -> int | None:
 DATA_CPUS = 1.0  # logical CPUs Ray Data needs beside the Train workers: its read tasks ask for 1 each (Ray's default)
 
 
+def data_cpu_share(cpus: float, num_workers: int) -> float:
+    """The largest CPU share per Train worker (hundredths, at most 1) that leaves Ray Data ``DATA_CPUS`` of ``cpus``
+    logical CPUs: ``ScalingConfig(resources_per_worker={"CPU": share})`` when calling the library yourself (2 workers
+    on 2 CPUs: 0.5; on 8 CPUs: 1). 0 when nothing is left for the workers."""
+    return max(0.0, min(1.0, math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100))
+
+
 def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, cluster: str) -> None:
     """``ingest=ray_data``: the Train workers, which Ray places first, must leave Ray Data ``DATA_CPUS`` of the
     ``cpus`` logical CPUs of ``cluster``; else its read tasks never start and the job reads no row until Ray's
@@ -144,7 +151,7 @@ def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, clust
     if cpus - held >= DATA_CPUS:
         return
     fixes = []
-    share = math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100
+    share = data_cpu_share(cpus, num_workers)
     if share > 0:
         fixes.append(f"--cpus_per_worker {share:g}")
     fewer = math.floor((cpus - DATA_CPUS) / cpus_per_worker)

@@ -12,9 +12,9 @@ Pipeline::
 With the default 1 CPU per worker, 2 workers on a 2-CPU machine leave no CPU for the read/decode tasks and the
 job hangs ("Cluster resources are not enough to run any task … may hang forever"); Ray Data's
 ``resource_limits`` cannot fix it. Give the workers a fraction:
-``ScalingConfig(num_workers=n, resources_per_worker=resources_per_worker(n))`` — ``{"CPU": 0.5}`` for 2 workers
-on 2 CPUs, i.e. half the cluster's CPUs (at most 1 per worker) left to Ray Data; or declare more logical CPUs
-than train workers with ``ray.init(num_cpus=...)``. GPUs are added by ``use_gpu=True`` as usual.
+``ScalingConfig(num_workers=n, resources_per_worker={"CPU": ropim.checks.data_cpu_share(cpus, n)})`` — 0.5 for 2
+workers on 2 CPUs, i.e. a CPU left to Ray Data (the rule ``ropim pretrain --ingest ray_data`` checks); or declare
+more logical CPUs than train workers with ``ray.init(num_cpus=...)``. GPUs are added by ``use_gpu=True`` as usual.
 
 **Shuffling, seeded per epoch.** (1) The order of the input is shuffled on every execution of the dataset,
 i.e. every epoch: Parquet shard order with ``FileShuffleConfig(seed, reseed_after_execution=True)``, the
@@ -41,7 +41,6 @@ fail the task with ``BadImageError`` naming the file (``fail``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -60,6 +59,7 @@ from ropim.data.formats.common import in_val
 from ropim.data.lists import ArrayList, FileList
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
+from ropim.seeds import derived_seed
 
 if TYPE_CHECKING:  # no torch at import time: decode workers import this module (see ropim.data.augment)
     import torch
@@ -71,19 +71,6 @@ SMALL_MACHINE_RESOURCES_PER_WORKER = {"CPU": 0.5}  # 2 train workers on 2 CPUs: 
 # as a 2-worker torch DataLoader (8,044). On large nodes pass num_cpus=1 to keep one decode process per core.
 DECODE_TASK_CPUS = 0.25
 BLOCK_ROWS = 500  # rows per decode task's input block (Parquet: streaming repartition; others: from_arrow)
-
-
-def resources_per_worker(num_workers: int, cpus: float | None = None) -> dict[str, float]:
-    """``resources_per_worker`` for ScalingConfig that leaves at least half of the CPUs to Ray Data.
-
-    ``cpus``: the cluster's CPUs (default: ``ray.cluster_resources()`` when Ray is up, else this machine's).
-    2 workers on 2 CPUs → {"CPU": 0.5}; on 8 CPUs → {"CPU": 1.0} (the default, 6 CPUs left for data).
-    """
-    if num_workers < 1:
-        raise ConfigError(f"num_workers={num_workers}: must be ≥ 1")
-    if cpus is None:
-        cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else os.cpu_count() or 1
-    return {"CPU": max(0.01, min(1.0, float(np.floor(100 * cpus / (2 * num_workers)) / 100)))}
 
 
 @ray.remote(num_cpus=0)
@@ -228,17 +215,12 @@ def quiet(context: ray.data.DataContext) -> None:
     context.print_on_execution_start = False
 
 
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The local-shuffle seed of (seed, epoch, rank)."""
-    return ((seed * 1_000_003 + epoch) * 1_009 + rank) % 2**32
-
-
 def iter_epoch(shard, batch_size: int, epoch: int, *, seed: int = 0, rank: int = 0,
                shuffle_buffer: int | None = None, device="auto") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch of (images, labels) torch batches from ``ray.train.get_dataset_shard(...)`` (or any Dataset).
 
     ``drop_last=True``; rows mixed in a local buffer of ``shuffle_buffer`` rows (default 4 × batch_size,
-    0 = off) seeded by ``epoch_seed(seed, epoch, rank)``. ``device="auto"`` puts batches on the Train
+    0 = off) seeded by ``ropim.seeds.derived_seed(seed, epoch, rank)``. ``device="auto"`` puts batches on the Train
     worker's device.
     """
     import torch
@@ -247,7 +229,8 @@ def iter_epoch(shard, batch_size: int, epoch: int, *, seed: int = 0, rank: int =
     batches = shard.iter_torch_batches(
         batch_size=batch_size, drop_last=True, device=device,
         dtypes={"image": torch.float32, "label": torch.int64},
-        local_shuffle_buffer_size=buffer or None, local_shuffle_seed=epoch_seed(seed, epoch, rank) if buffer else None,
+        local_shuffle_buffer_size=buffer or None,
+        local_shuffle_seed=derived_seed(seed, epoch, rank) % 2**32 if buffer else None,
     )
     for batch in batches:
         yield batch["image"], batch["label"]

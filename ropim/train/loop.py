@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
+from ropim.seeds import derived_seed
 from ropim.train.checkpoint import restore, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import LoopConfig
@@ -43,11 +44,6 @@ from ropim.train.task import Task, Worker
 
 log = logging.getLogger("ropim.train")
 END = object()  # what ``next(batches, END)`` gives once an epoch's batches run out
-
-
-def worker_seed(seed: int, counter: int, rank: int) -> int:
-    """A 63-bit seed of (seed, counter, rank): the epoch's augmentation seed, or a step's sketch seed."""
-    return ((seed * 1_000_003 + rank) * 1_000_000_007 + counter) % 2**63
 
 
 def seed_everything(seed: int) -> None:
@@ -220,7 +216,7 @@ class Loop:
         before its checkpoint uploads, so that a run lost while uploading keeps them; report (with the checkpoint
         when due)."""
         cfg, worker = self.cfg, self.worker
-        seed_everything(worker_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
+        seed_everything(derived_seed(cfg.seed, epoch, worker.rank))  # augmentation, drop path, mixing
         self.ddp_model.train()
         tally = self.train_epoch(epoch)
         metrics = {**self.epoch_stats(tally), "lr": self.lr, "epoch": epoch + 1, "step": self.step}

@@ -21,10 +21,10 @@ from timm.optim import create_optimizer_v2
 from ropim.core.model import ROPIM
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
 from ropim.data.sources import count_images
+from ropim.seeds import derived_seed
 from ropim.tracking import store
 from ropim.train.background import Background
 from ropim.train.downstream import frozen_scores
-from ropim.train.loop import worker_seed
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EpochData, Task, Worker, bad_images, percents
@@ -34,7 +34,7 @@ log = logging.getLogger("ropim.train")
 
 def sketch_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
     """The generator of step ``step`` on ``rank``: corruptions are reproducible from (seed, step, rank)."""
-    return torch.Generator(device=device).manual_seed(worker_seed(seed, step, rank))
+    return torch.Generator(device=device).manual_seed(derived_seed(seed, step, rank))
 
 
 def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tensor, epoch: int, seed: int,
