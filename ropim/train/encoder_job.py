@@ -17,13 +17,8 @@ from ropim.train.job import JobConfig, dataset_name
 class EncoderJob(JobConfig):
     """A job that starts from an encoder (a registered version, a run's artifact or a local folder)."""
 
-    RULES = {**JobConfig.RULES, "dataloader_workers": Range(0, integer=True)}
-    RESUMABLE = (*JobConfig.RESUMABLE, "dataloader_workers")
-
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
     """models:/name/version, models:/name@alias, runs:/…"""
-    dataloader_workers: int = 0
-    """DataLoader processes per worker"""
 
     @property
     def run_prefix(self) -> str:

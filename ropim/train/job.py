@@ -119,12 +119,13 @@ class JobConfig:
         "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT, "keep_checkpoints": COUNT,
         "max_failures": Range(-1, integer=True), "stop_after_epochs": Range(1, integer=True, optional=True),
         "max_steps_per_epoch": Range(1, integer=True, optional=True), "log_every": COUNT, "max_skipped_steps": COUNT,
+        "dataloader_workers": Range(0, integer=True),
     }
     FLAGS: ClassVar[tuple[str, ...]] = SPEED_FLAGS  # true/false fields
     # fields that may differ when a named run is continued; everything else must match the stored config
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
-                                            "wait_for_resources", *SPEED_FLAGS)
+                                            "wait_for_resources", "dataloader_workers", *SPEED_FLAGS)
 
     compile: bool = False
     """torch.compile the model's training forward and backward (the first steps compile)"""
@@ -160,6 +161,8 @@ class JobConfig:
     """one GPU per worker"""
     cpus_per_worker: float = 1.0
     """logical CPUs Ray reserves per worker"""
+    dataloader_workers: int = 0
+    """DataLoader processes per worker (torch ingest) that decode and augment while the worker trains"""
     placement_strategy: str = "PACK"
     """workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)"""
     min_workers: int | None = None

@@ -123,11 +123,12 @@ class Task(ABC):
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
                  f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min{memory}")
 
-    def sharded(self, dataset, micro_batch: int, processes: int = 0,
+    def sharded(self, dataset, micro_batch: int,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
         """This worker's share of a map-style ``dataset``: a seeded ``DistributedSampler`` (reshuffled per epoch,
-        ``drop_last``) and a DataLoader of ``processes`` worker processes; ``stats`` as ``EpochData``'s."""
+        ``drop_last``) and a DataLoader of the job's ``dataloader_workers`` processes; ``stats`` as ``EpochData``'s."""
         cfg, worker = self.cfg, self.worker
+        processes = cfg.dataloader_workers
         sampler = DistributedSampler(dataset, num_replicas=worker.world, rank=worker.rank, shuffle=True, seed=cfg.seed,
                                      drop_last=True)
         loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True, num_workers=processes,

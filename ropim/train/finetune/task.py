@@ -101,7 +101,7 @@ class FinetuneTask(EncoderTask):
         val_set = build_dataset(cfg.data, "val", eval_transform(self.img_size), self.img_size)
         self.val_loader = DataLoader(Subset(val_set, range(worker.rank, len(val_set), worker.world)),
                                      batch_size=max(micro_batch, 64), num_workers=cfg.dataloader_workers)
-        return self.sharded(self.train_set, micro_batch, cfg.dataloader_workers)
+        return self.sharded(self.train_set, micro_batch)
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)

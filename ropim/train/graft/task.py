@@ -48,7 +48,7 @@ class GraftTask(EncoderTask):
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
         dataset = build_dataset(self.cfg.data, "train", TwoViews(self.img_size, self.cfg.crop_min), self.img_size)
-        return self.sharded(dataset, micro_batch, self.cfg.dataloader_workers,
+        return self.sharded(dataset, micro_batch,
                             {"momentum": (lambda: self.m, "max"), "bad_images": bad_images(dataset)})
 
     def before_step(self, step: int) -> None:

@@ -83,8 +83,7 @@ class SegmentTask(EncoderTask):
         return model, optimizer
 
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
-        return self.sharded(self.train_set, micro_batch, self.cfg.dataloader_workers,
-                            {"bad_images": bad_images(self.train_set)})
+        return self.sharded(self.train_set, micro_batch, {"bad_images": bad_images(self.train_set)})
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
