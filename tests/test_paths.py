@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from support import run_cli, tiny_pretrain
+from support import run_cli_in_one_process, tiny_pretrain
 
 from ropim.commands import config
 from ropim.data.config import DataConfig
@@ -73,15 +73,15 @@ def test_cli_relative_and_home_paths_in_process_resume_from_the_same_folder(work
     flags = ("pretrain", "--preset", "digits_demo", "--num_workers", "0", "--model.depth", "1", "--epochs", "2",
              "--global_batch_size", "16", "--max_steps_per_epoch", "2", "--viz_every", "0", "--eval_every", "0",
              "--data.source", "~/pics", "--storage_path", "my-runs", "--run_name", "home")
-    env = {"HOME": str(workdir / "home")}
-    first = run_cli(*flags, "--stop_after_epochs", "1", cwd=workdir, env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert "ropim pretrain --resume home" in first.stdout
+    # the first stops after epoch 1; the same command then continues the run (one process: one interpreter start)
+    both = run_cli_in_one_process([[*flags, "--stop_after_epochs", "1"], list(flags)], (), cwd=workdir,
+                                  env={"HOME": str(workdir / "home")})
+    assert both.returncode == 0 and "EXIT" not in both.stdout, both.stderr[-2000:]
+    first, second = both.stdout.split("unfinished: ")
+    assert "ropim pretrain --resume home" in second.splitlines()[0]
     stored = json.loads((workdir / "my-runs" / "home" / "ropim_run.json").read_text())["config"]
     assert stored["data"]["source"] == str(workdir / "home" / "pics")
-    second = run_cli(*flags, cwd=workdir, env=env)  # the same command continues the run
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "resumed from epoch 1" in second.stdout + second.stderr and "models:/ropim-encoder/" in second.stdout
+    assert "resumed from epoch 1" in second + both.stderr and "models:/ropim-encoder/" in second
 
 
 def test_paths_in_a_config_file_mean_the_working_folder_not_the_file_folder(workdir):

@@ -49,6 +49,7 @@ def ray_finetune(workdir, ray_session, encoder):
     return proc
 
 
+@pytest.mark.slow  # a fresh process on 2 Ray workers (37 s); make test fine-tunes in-process and registers elsewhere
 def test_finetune_from_registered_encoder_in_fresh_process_on_ray_train(ray_finetune, workdir):
     assert "[finetune] run ft-ray on 2 Ray Train workers: ropim-encoder v1 on digits" in ray_finetune.stdout
     assert "top-1" in ray_finetune.stdout.splitlines()[-1]
@@ -87,6 +88,7 @@ def _final_checkpoint(run_dir: Path) -> Path:
     return done[0]
 
 
+@pytest.mark.slow  # the classifier of the run above
 def test_classifier_reloads_without_pickle_and_predicts_identically(ray_finetune, workdir):
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     np.save(workdir / "cls_x.npy", x.numpy())
