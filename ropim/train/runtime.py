@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ropim.errors import ConfigError
-from ropim.paths import cluster_note, is_uri
+from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -207,7 +207,7 @@ def worker_paths(job: JobConfig) -> dict[str, str]:
 def run_dir(job: JobConfig, storage_path: str | None = None) -> str:
     """The run's folder (a URI, or an absolute local path: workers may run in another folder)."""
     storage = storage_path or job.storage_path
-    return f"{storage if '://' in storage else Path(storage).absolute()}/{job.run_name}"
+    return f"{resolve_path(storage)}/{job.run_name}"
 
 
 def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> FitResult:
