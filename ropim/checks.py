@@ -136,10 +136,11 @@ DATA_CPUS = 1.0  # logical CPUs Ray Data needs beside the Train workers: its rea
 
 
 def data_cpu_share(cpus: float, num_workers: int) -> float:
-    """The largest CPU share per Train worker (hundredths, at most 1) that leaves Ray Data ``DATA_CPUS`` of ``cpus``
-    logical CPUs: ``ScalingConfig(resources_per_worker={"CPU": share})`` when calling the library yourself (2 workers
-    on 2 CPUs: 0.5; on 8 CPUs: 1). 0 when nothing is left for the workers."""
-    return max(0.0, min(1.0, math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100))
+    """The largest CPU share per Train worker (in hundredths) that leaves Ray Data ``DATA_CPUS`` of ``cpus`` logical
+    CPUs: what ``check_data_cpus`` names as the fix, and the most to give ``ScalingConfig(resources_per_worker={"CPU":
+    share})`` when calling the library yourself (2 workers on 2 CPUs: 0.5; on 8 CPUs: 3.5, where less leaves Ray Data
+    more decode tasks). 0 when nothing is left for the workers."""
+    return max(0.0, math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100)
 
 
 def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, cluster: str) -> None:

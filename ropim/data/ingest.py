@@ -11,7 +11,7 @@ Pipeline::
 **Resources — the 2-CPU hang.** Ray Train reserves its workers' CPUs before Ray Data schedules anything.
 With the default 1 CPU per worker, 2 workers on a 2-CPU machine leave no CPU for the read/decode tasks and the
 job hangs ("Cluster resources are not enough to run any task … may hang forever"); Ray Data's
-``resource_limits`` cannot fix it. Give the workers a fraction:
+``resource_limits`` cannot fix it. Give the workers a fraction, at most
 ``ScalingConfig(num_workers=n, resources_per_worker={"CPU": ropim.checks.data_cpu_share(cpus, n)})`` — 0.5 for 2
 workers on 2 CPUs, i.e. a CPU left to Ray Data (the rule ``ropim pretrain --ingest ray_data`` checks); or declare
 more logical CPUs than train workers with ``ray.init(num_cpus=...)``. GPUs are added by ``use_gpu=True`` as usual.
