@@ -77,7 +77,7 @@ def test_cli_relative_and_home_paths_in_process_resume_from_the_same_folder(work
     both = run_cli_in_one_process([[*flags, "--stop_after_epochs", "1"], list(flags)], (), cwd=workdir,
                                   env={"HOME": str(workdir / "home")})
     assert both.returncode == 0 and "EXIT" not in both.stdout, both.stderr[-2000:]
-    first, second = both.stdout.split("unfinished: ")
+    _, second = both.stdout.split("unfinished: ")  # second: from the first command's resume hint on
     assert "ropim pretrain --resume home" in second.splitlines()[0]
     stored = json.loads((workdir / "my-runs" / "home" / "ropim_run.json").read_text())["config"]
     assert stored["data"]["source"] == str(workdir / "home" / "pics")
