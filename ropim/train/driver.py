@@ -37,7 +37,7 @@ from ropim.train.task import Worker
 def worker_main(config: dict, worker: Worker) -> None:
     """One worker of any job: its Task (``config["job"]`` names the job) on the one loop."""
     task = JOBS[config["job"]].load("task")(config, worker)
-    train(task, task.cfg.loop(), worker)
+    train(task, task.cfg, worker)
 
 
 @dataclass(frozen=True)

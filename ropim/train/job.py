@@ -1,6 +1,6 @@
 """What every training job is (``JobConfig``; ``ropim.train.encoder_job`` for the jobs that start from an encoder)
-and what the training loop reads from it (``LoopConfig``). A job's config declares only its own fields and rules;
-the fields shared by every job, the resumable set, the checks, the resources and the dict round trip are here.
+which is also what the training loop reads. A job's config declares only its own fields and rules; the fields
+shared by every job, the resumable set, the checks, the resources and the dict round trip are here.
 Imports nothing heavy, so that the command line parses and validates fast."""
 
 from __future__ import annotations
@@ -40,69 +40,6 @@ def dataset_name(data: DataConfig) -> str:
 
 
 @dataclass(frozen=True)
-class LoopConfig:
-    """What the one training loop needs to know about a job."""
-
-    kind: str
-    """progress-line prefix: pretrain | finetune | random-init | graft | segment | …"""
-    epochs: int
-    global_batch_size: int
-    """images per optimizer step over all workers"""
-    lr: float
-    """peak learning rate"""
-    min_lr: float
-    warmup_epochs: float
-    seed: int
-    accum_steps: int = 1
-    clip_grad: float | None = None
-    precision: str = "auto"
-    """resolved on the worker's device (``ropim.train.speed.resolve_precision``)"""
-    checkpoint_every: int = 1
-    stop_after_epochs: int | None = None
-    max_steps_per_epoch: int | None = None
-    eval_every: int = 0
-    """0 = never"""
-    log_every: int = 10
-    max_skipped_steps: int = 100
-    """fp16: consecutive steps the grad scaler may skip before the run stops"""
-    compile: bool = False
-    """torch.compile the model for training (JobConfig's speed options)"""
-    channels_last: bool = False
-    tf32: bool = False
-    async_checkpoint: bool = False
-    """Ray Train: checkpoints upload while the next epoch trains"""
-    schedule: str = "cosine"
-    """after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr"""
-    warmup_prefix: bool = False
-    """False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM
-    and fine-tuning); True: it spans the steps after the warm-up (MoCo v3's and LGP's adjust_learning_rate: the
-    decay starts at the peak and runs over the remaining epochs)"""
-
-    @classmethod
-    def of(cls, job: object, **fields) -> LoopConfig:
-        """The loop settings of a job config: each field ``job`` has under the same name (``lr`` is its peak rate,
-        ``kind`` its progress prefix), then ``fields`` (what it names otherwise, e.g. ``global_batch_size``)."""
-        shared = {f.name: getattr(job, f.name) for f in dataclasses.fields(cls) if hasattr(job, f.name)}
-        return cls(**{**shared, **fields})
-
-    def last_epoch(self, start_epoch: int) -> int:
-        """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
-        return self.epochs if self.stop_after_epochs is None else min(self.epochs, start_epoch + self.stop_after_epochs)
-
-    def evaluates(self, epoch: int, last_epoch: int) -> bool:
-        """Whether epoch ``epoch`` (1-based) is evaluated: every ``eval_every``, the final and the job's last."""
-        return bool(self.eval_every) and (epoch % self.eval_every == 0 or epoch in (self.epochs, last_epoch))
-
-    def steps_per_epoch(self, available: int) -> int:
-        """Optimizer steps per epoch when the data gives ``available``: at most ``max_steps_per_epoch``."""
-        return min(available, self.max_steps_per_epoch or available)
-
-    def checkpoints(self, epoch: int, last_epoch: int) -> bool:
-        """Whether epoch ``epoch`` (1-based) writes a checkpoint: every ``checkpoint_every`` and the job's last."""
-        return epoch == last_epoch or epoch % self.checkpoint_every == 0
-
-
-@dataclass(frozen=True)
 class JobConfig:
     """The fields, checks and round trip every training job shares; a job's config adds its own fields (and
     redeclares a shared one only to give it another default). ``ropim <job> --help`` lists these first.
@@ -126,6 +63,12 @@ class JobConfig:
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
                                             "wait_for_resources", "dataloader_workers", *SPEED_FLAGS)
+    # the loop's decay after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
+    schedule: ClassVar[str] = "cosine"
+    # False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM and
+    # fine-tuning); True: it spans the steps after the warm-up (MoCo v3's and LGP's adjust_learning_rate: the decay
+    # starts at the peak and runs over the remaining epochs)
+    warmup_prefix: ClassVar[bool] = False
 
     compile: bool = False
     """torch.compile the model's training forward and backward (the first steps compile)"""
@@ -216,6 +159,27 @@ class JobConfig:
         """Micro batches per optimizer step (gradient accumulation)."""
         return getattr(self, "accum_steps", 1)
 
+    @property
+    def lr(self) -> float:
+        """The peak learning rate (a job's field, or its rule from a base rate and the batch)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no learning rate")
+
+    def last_epoch(self, start_epoch: int) -> int:
+        """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
+        return self.epochs if self.stop_after_epochs is None else min(self.epochs, start_epoch + self.stop_after_epochs)
+
+    def evaluates(self, epoch: int, last_epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) is evaluated: every ``eval_every``, the final and the job's last."""
+        return bool(self.eval_every) and (epoch % self.eval_every == 0 or epoch in (self.epochs, last_epoch))
+
+    def steps_per_epoch(self, available: int) -> int:
+        """Optimizer steps per epoch when the data gives ``available``: at most ``max_steps_per_epoch``."""
+        return min(available, self.max_steps_per_epoch or available)
+
+    def checkpoints(self, epoch: int, last_epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) writes a checkpoint: every ``checkpoint_every`` and the job's last."""
+        return epoch == last_epoch or epoch % self.checkpoint_every == 0
+
     def validate(self):
         """Raise ConfigError naming the bad field and its fix, before any Ray or MLflow work; return the config."""
         check_location(self.storage_path, "storage_path")
@@ -281,10 +245,6 @@ class JobConfig:
         """The same config with its local paths (data source, storage) absolute (``ropim.paths``): workers may run in
         another folder."""
         return replace(self, data=self.data.resolved(), storage_path=resolve_path(self.storage_path))
-
-    def loop(self) -> LoopConfig:
-        """What the training loop reads."""
-        return LoopConfig.of(self, global_batch_size=self.batch)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -8,7 +8,7 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
     epoch stats over all workers → evaluation when due → rank 0's epoch hook, its metrics recorded in MLflow →
     checkpoint when due → report.
 
-Speed options (``LoopConfig``): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
+Speed options (``JobConfig``'s): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
 at epoch ends and recorded with the epoch that collects them; the loop waits for them only after its last epoch.
 
@@ -38,7 +38,7 @@ from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 from ropim.seeds import derived_seed
 from ropim.train.checkpoint import restore, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
-from ropim.train.job import LoopConfig
+from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
 from ropim.train.task import Task, Worker
 
@@ -79,7 +79,7 @@ class EpochTally:
 class Loop:
     """The state of one worker's training run (model, optimizer, schedule, step) and its epoch."""
 
-    def __init__(self, task: Task, cfg: LoopConfig, worker: Worker) -> None:
+    def __init__(self, task: Task, cfg: JobConfig, worker: Worker) -> None:
         self.task, self.cfg, self.worker = task, cfg, worker
         seed_everything(cfg.seed)  # identical initial weights on every rank
         self.model, self.optimizer = task.build(worker)
@@ -101,11 +101,11 @@ class Loop:
         self.ddp_model = worker.prepare(self.model)
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)
-        self.data = task.data(worker, cfg.global_batch_size // (worker.world * cfg.accum_steps))
+        self.data = task.data(worker, cfg.batch // (worker.world * cfg.accum))
         listed = worker.gather(torch.tensor([self.data.steps], dtype=torch.float64))  # every worker's count
         self.steps = cfg.steps_per_epoch(int(listed.min()))  # the same on every worker: so are the schedule and ETA
         if self.steps < 1:
-            raise ValueError(f"global batch {cfg.global_batch_size} is larger than the training split per worker")
+            raise ValueError(f"global batch {cfg.batch} is larger than the training split per worker")
         self.total_steps = cfg.epochs * self.steps
         schedule, shape = {"cosine": (CosineLRScheduler, {}), "poly": (PolyLRScheduler, {"power": 1.0})}[cfg.schedule]
         warmup = round(cfg.warmup_epochs * self.steps)
@@ -134,13 +134,13 @@ class Loop:
                 break
             self.task.before_step(self.step)
             for i, batch in enumerate(micro):
-                sync = i + 1 == cfg.accum_steps or worker.world == 1
+                sync = i + 1 == cfg.accum or worker.world == 1
                 no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()
                 with no_sync, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                     loss, n = self.task.loss(self.ddp_model, batch, self.step)
-                    scaled = loss / cfg.accum_steps
+                    scaled = loss / cfg.accum
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                tally.loss_sum += loss.detach().float() / cfg.accum_steps
+                tally.loss_sum += loss.detach().float() / cfg.accum
                 tally.images += n
             self.guard.step(self.optimizer, self.scaler, self.model.parameters,
                             lambda norm, loss=loss: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm "
@@ -158,7 +158,7 @@ class Loop:
         data ends before them (Ray Data's equal split can leave a worker fewer batches, e.g. after skipped bad
         images). Fetched before any is computed, so an unfinished step leaves no gradient behind, and no worker
         waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped with a log line."""
-        k, t_wait = self.cfg.accum_steps, time.perf_counter()
+        k, t_wait = self.cfg.accum, time.perf_counter()
         micro = []
         while len(micro) < k and (batch := next(batches, END)) is not END:
             micro.append(batch)
@@ -174,7 +174,7 @@ class Loop:
 
     def progress(self, epoch: int, loss: torch.Tensor, tally: EpochTally, t0: float) -> None:
         rate = tally.images * self.worker.world / (time.perf_counter() - t0)
-        eta = (self.total_steps - self.step) * self.cfg.global_batch_size / rate
+        eta = (self.total_steps - self.step) * self.cfg.batch / rate
         # logging, not print: Ray Train's print patch would echo each line twice
         log.info(f"[{self.cfg.kind}] epoch {epoch + 1}/{self.cfg.epochs} step {self.step}/{self.total_steps} "
                  f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta / 60:.1f} min")
@@ -239,7 +239,7 @@ class Loop:
         worker.report(metrics, folder, background=cfg.async_checkpoint)  # the worker owns the folder now
 
 
-def train(task: Task, cfg: LoopConfig, worker: Worker) -> None:
+def train(task: Task, cfg: JobConfig, worker: Worker) -> None:
     """Run ``task`` on ``worker`` under ``cfg``: the whole per-worker job."""
     with tf32_matmuls(cfg.tf32):
         Loop(task, cfg, worker).run()

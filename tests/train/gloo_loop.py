@@ -5,19 +5,34 @@ from __future__ import annotations
 
 import shutil
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ropim.train.job import LoopConfig
+from ropim.train.job import JobConfig
 from ropim.train.loop import Loop
 from ropim.train.task import EpochData
 
 
-def toy_loop_config(epochs: int = 2, global_batch_size: int = 4) -> LoopConfig:
+@dataclass(frozen=True)
+class ToyJob(JobConfig):
     """Plain SGD-like settings: fp32, no warm-up, 2 micro batches per step, an evaluation every epoch."""
-    return LoopConfig(kind="toy", epochs=epochs, global_batch_size=global_batch_size, lr=0.1, min_lr=0.1,
-                      warmup_epochs=0, seed=0, accum_steps=2, precision="fp32", eval_every=1, log_every=100)
+
+    NAME = "toy"
+    global_batch_size: int = 4
+    accum_steps: int = 2
+    lr: float = 0.1
+    min_lr: float = 0.1
+    warmup_epochs: float = 0
+    epochs: int = 2
+    eval_every: int = 1
+    log_every: int = 100
+
+
+def toy_loop_config(epochs: int = 2, global_batch_size: int = 4) -> ToyJob:
+    """The toy job with ``epochs`` and ``global_batch_size``."""
+    return ToyJob(epochs=epochs, global_batch_size=global_batch_size)
 
 
 class ToyTask:

@@ -50,7 +50,7 @@ def test_lower_blocks_learn_at_the_ratio_as_the_optimizer_holds_it(first_stage, 
     cfg = tiny_graft(first_stage[0], lower_blocks=2, lower_lr_ratio=0.1)
     task = GraftTask({"cfg": cfg.to_dict(), "run_id": "", "tracking_uri": store.tracking_uri(),
                       "run_dir": str(tmp_path)}, LocalWorker(tmp_path, 1))
-    loop = Loop(task, cfg.loop(), task.worker)
+    loop = Loop(task, cfg, task.worker)
     names = {id(p): n for n, p in loop.model.named_parameters()}
 
     def lrs() -> dict[str, float]:
@@ -81,7 +81,7 @@ def test_the_learning_rate_follows_moco_v3s_schedule_per_step(first_stage, tmp_p
     cfg = tiny_graft(first_stage[0], epochs=4, max_steps_per_epoch=4, warmup_epochs=1.5, lower_blocks=2)
     task = GraftTask({"cfg": cfg.to_dict(), "run_id": "", "tracking_uri": store.tracking_uri(),
                       "run_dir": str(tmp_path)}, LocalWorker(tmp_path, 1))
-    loop = Loop(task, cfg.loop(), task.worker)
+    loop = Loop(task, cfg, task.worker)
     assert loop.steps == 4 and loop.total_steps == 16
     for step in (0, 3, 6, 7, 10, 15):  # warm-up, its last step, the peak, the cosine after it, the last step
         loop.scheduler.step_update(step)  # the rate optimizer step ``step`` (0-based) trains at: epoch step / 4
@@ -89,7 +89,7 @@ def test_the_learning_rate_follows_moco_v3s_schedule_per_step(first_stage, tmp_p
         lrs = {g["name"]: g["lr"] for g in loop.optimizer.param_groups}
         assert lrs["upper_decay"] == pytest.approx(want, rel=1e-9, abs=1e-15), step
         assert lrs["lower_decay"] == pytest.approx(cfg.lower_lr_ratio * want, rel=1e-9, abs=1e-15), step
-    pretrain = PretrainConfig(warmup_epochs=10, epochs=300).loop()
+    pretrain = PretrainConfig(warmup_epochs=10, epochs=300)
     assert not pretrain.warmup_prefix  # pretraining keeps timm's cosine over all steps, as the paper's code builds it
 
 
@@ -97,7 +97,7 @@ def test_momentum_moves_once_per_optimizer_step_under_accumulation(first_stage, 
     cfg = tiny_graft(first_stage[0], accum_steps=2, max_steps_per_epoch=2)  # 2 steps of 2 micro batches of 4
     task = GraftTask({"cfg": cfg.to_dict(), "run_id": "", "tracking_uri": store.tracking_uri(),
                       "run_dir": str(tmp_path)}, LocalWorker(tmp_path, 1))
-    loop = Loop(task, cfg.loop(), task.worker)
+    loop = Loop(task, cfg, task.worker)
     moves = []
     monkeypatch.setattr(task.model, "update_momentum", moves.append)
     tally = loop.train_epoch(0)

@@ -24,7 +24,7 @@ class SegmentConfig(TransferJob):
              "scale_min": POSITIVE, "scale_max": POSITIVE, "eval_stride": Range(1, integer=True, optional=True),
              "viz_images": Range(0, integer=True)}
     FLAGS = (*TransferJob.FLAGS, "photometric")
-    schedule = "poly"  # the loop's decay after the warm-up (``LoopConfig.schedule``)
+    schedule = "poly"  # the loop's decay after the warm-up (``JobConfig.schedule``)
 
     data: SegDataConfig = field(default_factory=SegDataConfig)
     crop_size: int = 512
