@@ -8,18 +8,13 @@ pretraining preset they start from and a few pretraining overrides.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
-from ropim.tracking.names import default_run_name
-from ropim.train.finetune.config import FinetuneConfig
-from ropim.train.pretrain.config import PretrainConfig
-from tune.spaces import apply_trial, max_value, n_grid_points, validate_space
+from tune.spaces import max_value, n_grid_points, validate_space
 
 PRESETS = Path(__file__).with_name("presets")
 SEARCHES = ("grid", "tpe")
@@ -31,9 +26,11 @@ SCHEDULERS = ("none", "asha")
 # (``segment``: the recipe, budget and segmentation data) and reports val mIoU.
 METRICS = {"knn_top1": "max", "linear_top1": "max", "finetune_top1": "max", "segment_miou": "max"}
 ONCE = ("finetune_top1", "segment_miou")  # measured once, after a trial's last epoch
+# where a trial's fine-tune or segmentation runs: the trial's own workers
+TRIAL_RESOURCES = ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")
 # FinetuneConfig fields a trial's fine-tune takes from the trial itself, not from the sweep's ``finetune``
-FINETUNE_FROM_TRIAL = ("encoder", "random_init", "data", "num_workers", "use_gpu", "cpus_per_worker", "seed",
-                       "experiment", "run_name", "storage_path", "registered_model", "wait_for_resources")
+FINETUNE_FROM_TRIAL = ("encoder", "random_init", "data", "seed", "experiment", "run_name", "storage_path",
+                       "registered_model", *TRIAL_RESOURCES)
 
 
 @dataclass(frozen=True)
@@ -131,57 +128,10 @@ class SweepConfig:
         recipe and budget, on the trial's data, workers and seed; nothing registered."""
         return {**{k: v for k, v in self.finetune.items() if k not in FINETUNE_FROM_TRIAL},
                 "data": pretrain["data"], "seed": pretrain["seed"], "registered_model": "",
-                **{k: pretrain[k] for k in ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")}}
-
+                **{k: pretrain[k] for k in TRIAL_RESOURCES}}
 
     def trial_segment(self, pretrain: dict) -> dict:
         """The SegmentConfig fields of a trial's segmentation: the sweep's recipe, budget and segmentation data, on the
         trial's workers and seed; nothing registered (the encoder is the trial's, set by the trial)."""
         return {**self.segment, "seed": pretrain["seed"], "registered_model": "", "run_name": None,
-                **{k: pretrain[k] for k in ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")}}
-
-
-def grid_seeds(space: dict, base_seed: int, n: int) -> dict:
-    """A grid space with ``n`` seeds per point (``seed`` added as a grid knob), for repeated grid trials."""
-    if n <= 1 or "seed" in space:
-        return space
-    return {**space, "seed": {"grid": list(range(base_seed, base_seed + n))}}
-
-
-def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
-    """How many trials' worker groups fit the cluster at once (at least 1)."""
-    fits = math.floor(cluster.get("CPU", 1) / max(num_workers * cpus_per_worker, 1e-9))
-    if use_gpu:
-        fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
-    return max(1, fits)
-
-
-def prepare(cfg: SweepConfig) -> SweepConfig:
-    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch
-    at least, and validate the sweep and every value each knob can take, before Ray starts."""
-    cfg = cfg.resolved()
-    pretrain = json.loads(json.dumps(cfg.pretrain))
-    if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
-        raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
-    if pretrain.get("eval_every", 0) < 1:
-        pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
-    if cfg.metric == "linear_top1":
-        pretrain["eval_linear_probe"] = True
-    cfg = dataclasses.replace(cfg, pretrain=pretrain, name=cfg.name or default_run_name(cfg.preset))
-    cfg.validate()
-    base = PretrainConfig.from_dict(pretrain).validate()
-    for knob, dist in cfg.space.items():
-        for value in next(iter(dist.values())):
-            PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
-    batches = {"global_batch_size": base.global_batch_size}
-    if cfg.metric == "finetune_top1":
-        batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
-    if cfg.metric == "segment_miou":  # its data resolved here: trials run in other folders
-        from ropim.train.segment.config import SegmentConfig
-
-        seg = SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().validate()
-        cfg = dataclasses.replace(cfg, segment={**cfg.segment, "data": asdict(seg.data)})
-    from ropim.data.sources import check_batch_fits  # pyarrow, no torch
-
-    check_batch_fits(base.data, batches)
-    return cfg
+                **{k: pretrain[k] for k in TRIAL_RESOURCES}}

@@ -8,6 +8,7 @@ study (in its own storage beside the experiment) keeps its history.
 
 from __future__ import annotations
 
+import math
 import os
 
 from ray.tune.search.optuna import OptunaSearch
@@ -15,14 +16,23 @@ from ray.tune.search.optuna import OptunaSearch
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.runtime import ray_session
-from tune.config import SweepConfig, default_concurrency, grid_seeds, prepare
+from tune.config import SweepConfig
 from tune.outcome import SweepResult, end_unfinished_trials, finish
+from tune.preflight import prepare
 from tune.resources import ReleaseEndedTrials, release_all
-from tune.spaces import to_tune
+from tune.spaces import grid_seeds, to_tune
 from tune.study import study_storage
 from tune.trial import trial_driver
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
+
+
+def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
+    """How many trials' worker groups fit the cluster at once (at least 1)."""
+    fits = math.floor(cluster.get("CPU", 1) / max(num_workers * cpus_per_worker, 1e-9))
+    if use_gpu:
+        fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
+    return max(1, fits)
 
 
 class MetricOptunaSearch(OptunaSearch):
@@ -65,7 +75,8 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
 
 
 def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult:
-    """Run (or continue) the sweep; write the table and plots to the parent run; register the best encoder."""
+    """Run (or continue) the sweep (``prepare``d here unless it is already); write the table and plots to the parent
+    run; register the best encoder."""
     cfg = prepare(cfg)
     uri = tracking_uri()
     check_tracking(uri)

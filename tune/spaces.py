@@ -84,3 +84,10 @@ def apply_trial(pretrain: dict, trial: dict) -> dict:
             raise ConfigError(f"trial knob {knob!r}: not a pretraining config field")
         node[leaf] = value
     return out
+
+
+def grid_seeds(space: dict, base_seed: int, n: int) -> dict:
+    """A grid space with ``n`` seeds per point (``seed`` added as a grid knob), for repeated grid trials."""
+    if n <= 1 or "seed" in space:
+        return space
+    return {**space, "seed": {"grid": list(range(base_seed, base_seed + n))}}

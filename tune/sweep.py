@@ -15,7 +15,7 @@ import sys
 from argparse import ArgumentError
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import ArgumentParser, Namespace
 
@@ -25,7 +25,11 @@ from ropim.console import quiet_console
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
-from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig, prepare
+from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
+from tune.preflight import prepare
+
+if TYPE_CHECKING:
+    from tune.outcome import SweepResult
 
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
 NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
@@ -109,12 +113,13 @@ def config_from_args(argv: list[str]) -> SweepConfig:
     return config_from_namespace(p.instantiate(p.parse_args(argv)))
 
 
-def run(ns: Namespace) -> None:
-    """Run (or continue) the sweep the flags describe; bad input fails before Ray Tune and torch are imported."""
+def run(ns: Namespace) -> SweepResult:
+    """Run (or continue) the sweep the flags describe; bad input fails before Ray Tune and torch are imported (the
+    sweep is prepared once: the driver runs the ``PreparedSweep``)."""
     cfg = prepare(config_from_namespace(ns))
     from tune.driver import run_sweep
 
-    run_sweep(cfg)
+    return run_sweep(cfg)
 
 
 class SweepCommand:

@@ -21,13 +21,16 @@ from ray.tune import Callback
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.tracking import registry, store
 from tune import report
-from tune.config import prepare
+from tune.config import SweepConfig
 from tune.driver import run_sweep
 from tune.outcome import SweepResult, metric_key
+from tune.preflight import prepare
 from tune.resources import PG_FOLDER, release, release_all
 from tune.spaces import apply_trial, n_grid_points, to_tune, validate_space
 from tune.study import load_study
 from tune.sweep import config_from_args, main
+from tune.sweep import parser as sweep_parser
+from tune.sweep import run as run_sweep_command
 
 TINY = ["--workers-per-trial", "1", "--cpus-per-worker", "0.5", "--model.depth", "1", "--global_batch_size", "16",
         "--max_steps_per_epoch", "3", "--warmup_epochs", "0", "--log_every", "100", "--viz_every", "0"]
@@ -136,15 +139,27 @@ def _artifacts(run_id: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def rho_sweep(workdir, ray_session) -> SweepResult:
-    """The rho_ablation preset on two of its rho values (the preset's four are checked where it is parsed)."""
-    cfg = config_from_args(["--preset", "rho_ablation", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY,
-                            "--epochs", "2", "--base_lr", "0.064", "--name", "rho"])
-    return run_sweep(cfg)
+def rho_sweep_run(workdir, ray_session) -> tuple[SweepResult, list[str]]:
+    """The rho_ablation preset on two of its rho values (the preset's four are checked where it is parsed), run as
+    ``ropim sweep`` runs it; with the sweep names of every SweepConfig.validate call in this process meanwhile."""
+    validated, validate = [], SweepConfig.validate
+    parser = sweep_parser()
+    argv = ["--preset", "rho_ablation", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY, "--epochs", "2",
+            "--base_lr", "0.064", "--name", "rho"]
+    ns = parser.instantiate(parser.parse_args(argv))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SweepConfig, "validate", lambda self: validated.append(self.name) or validate(self))
+        return run_sweep_command(ns), validated
 
 
-def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep):
+@pytest.fixture(scope="module")
+def rho_sweep(rho_sweep_run) -> SweepResult:
+    return rho_sweep_run[0]
+
+
+def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep, rho_sweep_run):
     r = rho_sweep
+    assert rho_sweep_run[1] == ["rho"]  # the pre-flight validated the sweep; the driver ran it without again
     assert r.complete and sorted(row["rho"] for row in r.rows) == SWEPT
     assert all(row["status"] == "finished" and row["seed"] == 0 and row["epochs_run"] == 2 for row in r.rows)
     assert all(0 < row["knn_top1"] <= 100 for row in r.rows)

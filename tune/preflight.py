@@ -1,0 +1,53 @@
+"""A sweep's pre-flight (``prepare``): what ``ropim sweep`` checks before Ray Tune or torch is imported, once per
+process. The sweep that passes it is a ``PreparedSweep``, which the driver runs without checking it again."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import asdict, dataclass
+
+from ropim.errors import ConfigError
+from ropim.tracking.names import default_run_name
+from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.pretrain.config import PretrainConfig
+from ropim.train.segment.config import SegmentConfig
+from tune.config import SweepConfig
+from tune.spaces import apply_trial
+
+
+@dataclass(frozen=True)
+class PreparedSweep(SweepConfig):
+    """A sweep that passed ``prepare``: named, its local paths absolute, every value it can take checked."""
+
+
+def prepare(cfg: SweepConfig) -> PreparedSweep:
+    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch at least,
+    and validate the sweep, every value each knob can take and the first batches, before Ray starts; a sweep
+    already prepared is returned as it is."""
+    if isinstance(cfg, PreparedSweep):
+        return cfg
+    cfg = cfg.resolved()
+    pretrain = json.loads(json.dumps(cfg.pretrain))
+    if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
+        raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
+    if pretrain.get("eval_every", 0) < 1:
+        pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
+    if cfg.metric == "linear_top1":
+        pretrain["eval_linear_probe"] = True
+    cfg = dataclasses.replace(cfg, pretrain=pretrain, name=cfg.name or default_run_name(cfg.preset))
+    cfg.validate()
+    base = PretrainConfig.from_dict(pretrain).validate()
+    for knob, dist in cfg.space.items():
+        for value in next(iter(dist.values())):
+            PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
+    batches = {"global_batch_size": base.global_batch_size}
+    if cfg.metric == "finetune_top1":
+        batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
+    if cfg.metric == "segment_miou":  # its data resolved here: trials run in other folders
+        seg = SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().validate()
+        cfg = dataclasses.replace(cfg, segment={**cfg.segment, "data": asdict(seg.data)})
+    from ropim.data.sources import check_batch_fits  # pyarrow, no torch
+
+    check_batch_fits(base.data, batches)
+    return PreparedSweep(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
