@@ -17,22 +17,18 @@ from ropim.train.task import EpochData
 
 @dataclass(frozen=True)
 class ToyJob(JobConfig):
-    """Plain SGD-like settings: fp32, no warm-up, 2 micro batches per step, an evaluation every epoch."""
+    """A job of the toy task: its peak rate, the batch and the micro batches per step."""
 
     NAME = "toy"
+    lr: float = 0.1
     global_batch_size: int = 4
     accum_steps: int = 2
-    lr: float = 0.1
-    min_lr: float = 0.1
-    warmup_epochs: float = 0
-    epochs: int = 2
-    eval_every: int = 1
-    log_every: int = 100
 
 
 def toy_loop_config(epochs: int = 2, global_batch_size: int = 4) -> ToyJob:
-    """The toy job with ``epochs`` and ``global_batch_size``."""
-    return ToyJob(epochs=epochs, global_batch_size=global_batch_size)
+    """Plain SGD-like settings: fp32, no warm-up, 2 micro batches per step, an evaluation every epoch."""
+    return ToyJob(epochs=epochs, global_batch_size=global_batch_size, min_lr=0.1, warmup_epochs=0, eval_every=1,
+                  log_every=100)
 
 
 class ToyTask:
