@@ -62,9 +62,9 @@ def run_data(ns: Namespace) -> None:
 
 
 def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict], None] | None = None):
-    """Validate ``cfg`` (a flow's: probe, transfer, demo), reach the tracking store and check that ``encoders``
+    """Validate ``cfg`` (a flow's: probe, transfer), reach the tracking store and check that ``encoders``
     exist, before torch or Ray is imported; ``check_encoder(uri, config)`` then reads the config of each one that is a
-    local folder. Return ``cfg``. (A training job's pre-flight is its ``prepare``.)"""
+    local folder. Return ``cfg``. (A training job's pre-flight is its ``prepare``, the demo's ``prepare_demo``.)"""
     from ropim.tracking.preflight import check_models
     from ropim.tracking.uri import check_tracking, tracking_uri
 
@@ -142,12 +142,12 @@ def run_transfer(ns: Namespace) -> None:
 
 
 def run_demo(ns: Namespace) -> None:
-    from ropim.flows.config import DemoConfig
+    from ropim.flows.config import DemoConfig, prepare_demo
 
-    cfg = preflight(config(ns, DemoConfig))
+    cfg, pretrain = prepare_demo(config(ns, DemoConfig))
     from ropim.flows.demo import run_demo as demo
 
-    demo(cfg)
+    demo(cfg, pretrain)
 
 
 def run_viz(ns: Namespace) -> None:

@@ -12,6 +12,7 @@ from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.jobs import Prepared, prepare
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
 
@@ -158,17 +159,11 @@ class DemoConfig:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     """what every fine-tune cell shares (``--finetune.*``)"""
 
-    def validate(self) -> DemoConfig:
-        """Raise ConfigError naming the bad field of either part."""
-        self.pretrain.validate()
-        self.finetune.validate()
-        return self
 
-    def check_resources(self) -> None:
-        """Both parts' workers fit where they will run."""
-        self.pretrain.check_resources()
-        self.finetune.check_resources()
-
-    def resolved(self) -> DemoConfig:
-        """Both parts with their local paths absolute."""
-        return DemoConfig(self.pretrain.resolved(), self.finetune.resolved())
+def prepare_demo(cfg: DemoConfig) -> tuple[DemoConfig, Prepared]:
+    """The demo's pre-flight, before torch or Ray is imported: its local paths absolute, the pretraining prepared
+    (``ropim.train.jobs.prepare``: validated once, the tracking store, the training split), the fine-tune's own
+    fields validated and its workers fitting (the encoder it starts from is the pretraining's, checked when it runs)."""
+    cfg = DemoConfig(cfg.pretrain.resolved(), cfg.finetune.resolved())
+    cfg.finetune.validate().check_resources()
+    return cfg, prepare(cfg.pretrain)

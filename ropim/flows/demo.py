@@ -15,25 +15,26 @@ from pathlib import Path
 import timm
 import torch
 
-from ropim.flows.config import DemoConfig
+from ropim.flows.config import DemoConfig, prepare_demo
 from ropim.tracking import registry, store
-from ropim.tracking.uri import check_tracking, tracking_uri
+from ropim.tracking.uri import tracking_uri
 from ropim.train.downstream import frozen_scores
 from ropim.train.driver import JobResult, run
+from ropim.train.jobs import Prepared
 from ropim.train.runtime import ray_session
 
 
-def run_demo(cfg: DemoConfig) -> dict[str, object]:
-    """Run the whole path; print the scores of both encoders, the registered URIs and where the outputs are."""
-    cfg = cfg.resolved().validate()
-    check_tracking(tracking_uri())
+def run_demo(cfg: DemoConfig, pretrain: Prepared | None = None) -> dict[str, object]:
+    """Run the whole path; print the scores of both encoders, the registered URIs and where the outputs are.
+    ``pretrain``: the pretraining already prepared from ``cfg`` (``prepare_demo``)."""
+    cfg, pretrain = (cfg, pretrain) if pretrain else prepare_demo(cfg)
     with ray_session(needed=cfg.finetune.num_workers > 0):  # pretrain starts its own otherwise
-        return _run(cfg)
+        return _run(cfg, pretrain)
 
 
-def _run(cfg: DemoConfig) -> dict[str, object]:
+def _run(cfg: DemoConfig, pretrain: Prepared) -> dict[str, object]:
     start = time.perf_counter()
-    result = run(cfg.pretrain)
+    result = run(pretrain)
     ft_cfg = dataclasses.replace(cfg.finetune, encoder=result.model_uri)
     encoder, enc_cfg = registry.load_encoder(result.model_uri)
     torch.manual_seed(cfg.finetune.seed)
