@@ -51,7 +51,7 @@ test-faults: $(VENV)/.installed
 
 # whole jobs end to end that make test covers by smaller runs (marker `slow`): sweeps whose trials fine-tune or
 # segment, two Ray workers through a linked folder, segmentation on Ray and its registered segmenter, the installed wheel,
-# a paper preset refusing a digits champion
+# a paper preset refusing a digits champion, a transfer table over two encoders, ropim viz in a fresh process
 test-slow: $(VENV)/.installed
 	$(VENV)/bin/pytest -m slow
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -58,6 +59,23 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
     return subprocess.run([sys.executable, "-m", "ropim.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
+
+
+def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``ropim ARGS`` through ``ropim.cli.main`` in this process, from ``cwd``: its exit status and output as the
+    terminal would show them (a ``SystemExit`` message is the one stderr line Python prints), without an interpreter
+    start and MLflow's import per call (``run_cli`` pays those: keep one such run where the fresh process matters)."""
+    from ropim.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+            if isinstance(exit_.code, str):
+                print(exit_.code, file=sys.stderr)
+    return subprocess.CompletedProcess(["ropim", *args], code, out.getvalue(), err.getvalue())
 
 
 # ``run_cli_in_one_process``'s program: each command line through ``ropim.cli.main``, then which heavy modules it

@@ -40,6 +40,7 @@ def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
     assert again["linear"]["top1"] == res["linear"]["top1"]  # same cached features, same seeded probe
 
 
+@pytest.mark.slow  # two encoders probed (12 s); make test transfers one, with segmentation beside it
 def test_transfer_table_over_encoders(workdir, encoder):
     uri, folder = encoder
     other = encoder_folder(workdir / "enc-other", seed=1)

@@ -1,5 +1,6 @@
 """The registry from the terminal: `ropim models list` and `show` on a registry with two versions and an alias, and
-the model card every version carries as its MLflow description."""
+the model card every version carries as its MLflow description. Two commands run in a fresh process, as typed (all
+that the terminal shows, MLflow's own lines included); the others through ``ropim.cli.main`` in this one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from support import register_tiny_classifier, register_tiny_encoder, run_cli
+from support import register_tiny_classifier, register_tiny_encoder, run_cli, run_cli_here
 
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
@@ -43,11 +44,11 @@ def test_models_list_shows_every_version_its_scores_and_aliases(two_versions, wo
     assert v2.split()[0] == "2" and "knn_top1@k=20 on digits 61.50" in v2 and "champion, champion-digits" in v2
     assert v1.split()[0] == "1" and "fine-tune top-1 on digits 93.10" in v1
     assert "digits" in v1 and "rop" in v1 and "vit" in v1
-    assert "no registered versions of 'nope'" in run_cli("models", "list", "--name", "nope", cwd=workdir).stdout
+    assert "no registered versions of 'nope'" in run_cli_here("models", "list", "--name", "nope", cwd=workdir).stdout
 
 
 def test_models_show_prints_the_card_with_lineage_and_how_to_load(two_versions, workdir):
-    proc = run_cli("models", "show", "models:/ropim-encoder@champion", cwd=workdir)
+    proc = run_cli_here("models", "show", "models:/ropim-encoder@champion", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("aliases: champion, champion-digits") and "# ropim-encoder v2" in out
@@ -55,7 +56,7 @@ def test_models_show_prints_the_card_with_lineage_and_how_to_load(two_versions, 
     assert f"- pretraining run: {store.client().get_model_version('ropim-encoder', '2').run_id}" in out
     assert 'load_encoder("models:/ropim-encoder/2")' in out
     assert 'mlflow.pyfunc.load_model("models:/ropim-encoder/2")' in out
-    bad = run_cli("models", "show", "models:/ropim-encoder@nope", cwd=workdir)
+    bad = run_cli_here("models", "show", "models:/ropim-encoder@nope", cwd=workdir)
     assert bad.returncode != 0 and "no alias 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -76,7 +77,7 @@ def test_models_show_of_a_model_ropim_did_not_register_is_one_line(two_versions,
     c = store.client()
     c.create_registered_model("someone-elses-model")
     c.create_model_version("someone-elses-model", f"{run.info.artifact_uri}/other", run_id=run.info.run_id)
-    proc = run_cli("models", "show", "models:/someone-elses-model/1", cwd=workdir)
+    proc = run_cli("models", "show", "models:/someone-elses-model/1", cwd=workdir)  # a fresh process: all it prints
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "models:/someone-elses-model/1: not a ropim model" in proc.stderr
 
@@ -95,7 +96,7 @@ def test_a_classifier_version_carries_the_classifier_card(two_versions, workdir)
         assert "- top-1 on tiny: 50.00" in description
         c.delete_model_version_tag(name, version, "kind")
         registry.describe(name, version)
-    proc = run_cli("models", "show", uri, cwd=workdir)
+    proc = run_cli_here("models", "show", uri, cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert f"- fine-tune run: {c.get_model_version(name, version).run_id}" in proc.stdout
     assert f"- encoder: {encoder_uri}" in proc.stdout and "load_classifier" in proc.stdout

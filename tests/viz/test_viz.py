@@ -126,6 +126,7 @@ def registered(tmp_path_factory):
             os.environ["MLFLOW_TRACKING_URI"] = old
 
 
+@pytest.mark.slow  # a fresh process (10 s); make test draws from the registered encoder in this one, below
 def test_ropim_viz_cli_from_registered_encoder(registered):
     """`ropim viz --encoder URI` in a fresh process: projection grid (no decoder registered) + Figure 5."""
     d, uri, enc_uri, _, _ = registered
