@@ -8,6 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from support import run_cli_forked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,10 +61,11 @@ def test_every_documented_ropim_command_parses(tmp_path):
     assert not failed, failed
 
 
-def test_adding_a_job_counts_the_lines_of_the_real_files():
-    """docs/adding-a-job.md's table gives each file of the smallest job with its line count: the counts are the
-    files' own (a changed file changes the page)."""
-    rows = re.findall(r"^\| `([\w/]+\.py)` \|.*\| (\d+) \|$", (ROOT / "docs" / "adding-a-job.md").read_text(), re.M)
+@pytest.mark.parametrize("page", ["README.md", "docs/adding-a-job.md"])
+def test_adding_a_job_counts_the_lines_of_the_real_files(page):
+    """The README's and docs/adding-a-job.md's tables give each file of the smallest job with its line count: the
+    counts are the files' own (a changed file changes the pages)."""
+    rows = re.findall(r"^\| `([\w/]+\.py)` \|.*\| (\d+) \|$", (ROOT / page).read_text(), re.M)
     files = {path: int(n) for path, n in rows if path != "ropim/train/jobs.py"}  # jobs.py: its one entry's lines
     assert len(files) >= 4, rows
     assert {path: len((ROOT / path).read_text().splitlines()) for path in files} == files
