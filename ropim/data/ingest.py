@@ -64,7 +64,6 @@ from ropim.seeds import derived_seed
 if TYPE_CHECKING:  # no torch at import time: decode workers import this module (see ropim.data.augment)
     import torch
 
-SMALL_MACHINE_RESOURCES_PER_WORKER = {"CPU": 0.5}  # 2 train workers on 2 CPUs: 1 CPU left for Ray Data
 # Logical CPUs per decode task. Ray Data keeps about one logical CPU to its other operators (read), so on
 # 2 CPUs 1-CPU decode tasks run one at a time. Measured on 2 idle cores (CIFAR-10 Parquet, 32², batch 128,
 # ray.init(num_cpus=2)): 0.5 → 5,589 img/s with the machine 83% busy; 0.25 → 8,190 img/s, 96% busy, as fast

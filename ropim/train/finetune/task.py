@@ -7,8 +7,6 @@ confusion matrix, sharded over the workers; the last one is kept for ``register.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from PIL import Image, ImageOps
 from timm.data import Mixup, create_transform
@@ -24,11 +22,6 @@ from ropim.train.downstream import classifier_from
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.speed import adamw_kernels, images_to
 from ropim.train.task import EncoderTask, EpochData, Worker, percents
-
-
-def baseline(cfg: FinetuneConfig) -> FinetuneConfig:
-    """The same fine-tune from a randomly initialised encoder of the same architecture."""
-    return dataclasses.replace(cfg, random_init=True)
 
 
 def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
