@@ -49,7 +49,7 @@ class JobConfig:
 
     NAME: ClassVar[str] = ""  # the job's name: its command, progress prefix and MLflow tag (``ropim.train.jobs``)
     BATCH: ClassVar[str] = "global_batch_size"  # the field holding the images per optimizer step over all workers
-    # numeric rules: what every job shares (LoopConfig's fields and where the job runs); a job adds its own
+    # numeric rules: what every job shares (the loop's fields and where the job runs); a job adds its own
     RULES: ClassVar[dict[str, Range]] = {
         "epochs": COUNT, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE, "weight_decay": NON_NEGATIVE,
         "clip_grad": Range(0, low_open=True, optional=True), "num_workers": Range(0, integer=True),
