@@ -60,7 +60,6 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
-
 def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``ropim ARGS`` through ``ropim.cli.main`` in this process, from ``cwd``: its exit status and output as the
     terminal would show them (a ``SystemExit`` message is the one stderr line Python prints), without an interpreter
@@ -72,7 +71,7 @@ def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         try:
             main(list(args))
         except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
+            code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
             if isinstance(exit_.code, str):
                 print(exit_.code, file=sys.stderr)
     return subprocess.CompletedProcess(["ropim", *args], code, out.getvalue(), err.getvalue())
