@@ -24,7 +24,7 @@ from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
 from ropim.train.snapshot import tidy
-from ropim.train.stopping import fit_trainer, sigterm_kept
+from ropim.train.stopping import fit_trainer, shutdown_kept, sigterm_kept
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -56,7 +56,7 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
         raise
     finally:
         if started:
-            ray.shutdown()
+            shutdown_kept()
 
 
 class DropTrainReportLines(logging.Filter):
