@@ -56,7 +56,7 @@ test-slow: $(VENV)/.installed
 	$(VENV)/bin/pytest -m slow
 
 # a stop signal at 6 seeded moments of a Ray pretraining (marker `stops`): not in CI, flaky where a moment lands inside
-# Ray's own start-up (its C++ failure handler) or its forwarding of worker lines (docs/reliability.md)
+# Ray's own start-up (its C++ failure handler; a rare crash in the teardown after the stop line) (docs/reliability.md)
 test-stops: $(VENV)/.installed
 	$(VENV)/bin/pytest -m stops
 
