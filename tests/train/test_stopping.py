@@ -39,8 +39,8 @@ DRIVER = textwrap.dedent("""
         watching.set()
         threading.Thread(target=watch, daemon=True).start()
     watching.clear()
-    print(f"down {longest[0]:.3f} {int(killed_by_sigterm())}", flush=True)
-    try:
+    try:  # the stop may land as soon as the line is out
+        print(f"down {longest[0]:.3f} {int(killed_by_sigterm())}", flush=True)
         time.sleep(120)
     except KeyboardInterrupt as stop:
         print(f"stopped by {stop}", flush=True)
