@@ -55,8 +55,10 @@ def shutdown_kept() -> None:
         return
     handler = signal.getsignal(signal.SIGTERM)
     with STOP.deferred():
-        beside_main(ray.shutdown, tick=0.01, between=lambda: signal.signal(signal.SIGTERM, handler))
-    signal.signal(signal.SIGTERM, handler)
+        try:
+            beside_main(ray.shutdown, tick=0.01, between=lambda: signal.signal(signal.SIGTERM, handler))
+        finally:  # before a stop held meanwhile is raised
+            signal.signal(signal.SIGTERM, handler)
 
 
 def beside_main(call: Callable[[], T], tick: float, between: Callable[[], object] | None = None) -> T:
