@@ -20,13 +20,15 @@ Once a command has finished (``finished``: its result recorded and printed), the
 ``atexit`` callbacks such as Ray's shutdown, the modules' finalizers) may still take seconds. A stop signal then ends
 the process at once with status 0, as nothing is left to stop. Python drops its signal handlers late in the teardown,
 after the ``atexit`` callbacks, so from the last callback on the stop signals are ignored (a signal left to the
-default action would kill the finished process with no word, status −2 or −15).
+default action would kill the finished process with no word, status −2 or −15). A stop that cut a library's start
+short (``cut_short``) ends the process once the ``atexit`` callbacks have run, skipping the teardown after them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -63,6 +65,7 @@ class StopSignals:
         self.reported = False  # a run said how the stop ended it (``ropim.tracking.runs.Run``)
         self.timer: threading.Timer | None = None  # a dropped stop, to be raised again
         self.done = False  # the command finished: only the interpreter's teardown is left (``finished``)
+        self.cut = False  # a stop cut a library's start short: the process ends after the atexit callbacks
         atexit.register(self.at_exit)  # at import, before the libraries': it runs after theirs (last in, first out)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
@@ -139,9 +142,20 @@ class StopSignals:
         sys.stderr.flush()
         os._exit(0)
 
+    def cut_short(self) -> None:
+        """A stop signal cut a library's start short (``ray.init``, whose own handler exits on SIGTERM): the process
+        ends with the stop's status once the ``atexit`` callbacks have run (Ray's shutdown among them), before the
+        interpreter's and the C libraries' teardown, where a half-built Ray core worker crashes it."""
+        self.cut = True
+
     def at_exit(self) -> None:
-        """The last ``atexit`` callback: a finished command ignores the stop signals while Python finalizes, which it
-        does without its signal handlers."""
+        """The last ``atexit`` callback of ours: a finished command ignores the stop signals while Python finalizes,
+        which it does without its signal handlers; a stopped one whose library start was cut short ends here."""
+        if self.cut and self.received is not None:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + self.received)
         if self.done:
             for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)

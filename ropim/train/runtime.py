@@ -24,7 +24,7 @@ from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
 from ropim.train.snapshot import tidy
-from ropim.train.stopping import fit_trainer, shutdown_kept, sigterm_kept
+from ropim.train.stopping import fit_trainer, init_kept, shutdown_kept
 
 WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
 
@@ -44,7 +44,7 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
     started = needed and not ray.is_initialized()
     if started:
         even_worker_priority()  # a local cluster's workers at this process's priority, not Ray's nice 15
-        with sigterm_kept():
+        with init_kept():
             ray.init(logging_level=logging.WARNING)  # the job's own lines, not Ray's start-up chatter
         note = cluster_note(paths or {}, sum(1 for n in ray.nodes() if n.get("Alive")))
         if note:

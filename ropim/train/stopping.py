@@ -1,6 +1,6 @@
 """Stop signals kept with the job around Ray's calls that would take them (``ropim.tracking.signals``): ``ray.init``
-installs its own SIGTERM handler, Ray Train's ``fit`` on the main thread its own SIGINT handler, and ``ray.shutdown``
-leaves SIGTERM to the default action (which kills the process with no word)."""
+installs its own SIGTERM handler and must not be cut short, Ray Train's ``fit`` on the main thread installs its own
+SIGINT handler, and ``ray.shutdown`` leaves SIGTERM to the default action (which kills the process with no word)."""
 
 from __future__ import annotations
 
@@ -16,18 +16,26 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def sigterm_kept() -> Iterator[None]:
-    """Around ``ray.init``, which installs its own SIGTERM handler (``sys.exit(15)``) for good as it starts: a SIGTERM
-    meanwhile is handled as a stop signal (``ropim.tracking.signals``), and the caller's handler comes back after.
-    Ray's core worker also installs a C++ failure handler for SIGTERM as it starts; one that caught the signal arms a
-    3 s alarm that would abort the job's orderly stop (status −6 after its stop line): it is cancelled."""
+def init_kept() -> Iterator[None]:
+    """Around ``ray.init``: a stop signal meanwhile is held until Ray is up, then raised, so that Ray's exit hook shuts
+    a whole session down. A stop that cut ``ray.init`` short could leave Ray's core worker half-built, out of reach of
+    ``ray.shutdown``: its C++ exit handler then crashed the stopped process (status −11, after its stop line).
+
+    ``ray.init`` also installs its own SIGTERM handler (``sys.exit(15)``) for good as it starts, so a SIGTERM can still
+    cut it short: it is handled as a stop signal, the process ends as soon as Python's exit callbacks have run
+    (``STOP.cut_short``), and the caller's handler comes back after. Ray's core worker also installs a C++ failure
+    handler for SIGTERM as it starts; one that caught the signal arms a 3 s alarm that would abort the job's orderly
+    stop (status −6 after its stop line): it is cancelled."""
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        yield
-    except SystemExit as err:
-        if err.code != signal.SIGTERM or signal.getsignal(signal.SIGTERM) is handler:
-            raise
-        STOP.deliver(signal.SIGTERM)
+        with STOP.deferred():
+            try:
+                yield
+            except SystemExit as err:
+                if err.code != signal.SIGTERM or signal.getsignal(signal.SIGTERM) is handler:
+                    raise
+                STOP.cut_short()
+                STOP.deliver(signal.SIGTERM)
     finally:
         if handler is not None:
             signal.signal(signal.SIGTERM, handler)

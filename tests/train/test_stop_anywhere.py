@@ -4,6 +4,7 @@ registered, and the same command then runs to the end."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -18,9 +19,8 @@ from ropim.tracking import store
 JOB = ("pretrain", "--preset", "digits_demo", "--num_workers", "1", "--model.depth", "1", "--epochs", "2",
        "--global_batch_size", "16", "--max_steps_per_epoch", "2", "--viz_every", "0", "--eval_every", "0")
 MOMENTS = 6  # one in each sixth of an undisturbed run, at a seeded random place in it
+SEED = int(os.environ.get("ROPIM_STOPS_SEED", "0"))  # other moments: ROPIM_STOPS_SEED=N make test-stops
 ENDED = ("stopped by SIG", "while no run was open; nothing recorded")
-# Ray's C++ failure handler, installed as its core worker starts inside ray.init (a known limit: docs/reliability.md)
-RAY_HANDLER = "*** SIGTERM received at time="
 
 
 def launch(name: str, cwd) -> subprocess.Popen:
@@ -41,7 +41,7 @@ def test_a_stop_signal_at_any_moment_ends_the_job_cleanly(workdir):
     out, err = whole.communicate(timeout=300)
     took = time.monotonic() - start
     assert whole.returncode == 0, err[-2000:]
-    rng = random.Random(0)
+    rng = random.Random(SEED)
     for i in range(MOMENTS):
         at = took * (i + rng.random()) / MOMENTS
         sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
@@ -54,7 +54,7 @@ def test_a_stop_signal_at_any_moment_ends_the_job_cleanly(workdir):
             out, err = job.communicate(timeout=90)  # a lost stop would leave it training or hanging
         finally:
             job.kill()
-        case = f"{sig.name} at {at:.1f} s of {took:.1f} s: rc {job.returncode}\n{err[-2500:]}"
+        case = f"{sig.name} at {at:.1f} s of {took:.1f} s (seed {SEED}): rc {job.returncode}\n{err[-2500:]}"
         # the job's own lines: Ray forwards a worker's progress line when it arrives, maybe after the driver's last
         lines = [line for line in err.strip().splitlines() if not line.startswith("[pretrain] epoch")]
         runs = runs_named(name)
@@ -64,9 +64,6 @@ def test_a_stop_signal_at_any_moment_ends_the_job_cleanly(workdir):
         assert not (workdir / "ray_results" / name / ".lock").exists(), case
         if job.returncode == 0:  # it had finished before the signal could matter
             assert [r.info.status for r in runs] == ["FINISHED"], case
-            continue
-        if RAY_HANDLER in err and not runs:  # Ray's core worker starting: its C++ failure handler had the SIGTERM too
-            assert job.returncode in (128 + sig, -6, -11) and any(e in err for e in ENDED), case  # docs/reliability
             continue
         assert job.returncode == 128 + sig, case
         assert lines and any(e in lines[-1] for e in ENDED) and sig.name in lines[-1], case
