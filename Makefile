@@ -55,8 +55,8 @@ test-faults: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(VENV)/bin/pytest -m slow
 
-# a stop signal at 6 seeded moments of a Ray pretraining (marker `stops`): not in CI, flaky where a moment lands inside
-# Ray's own start-up (its C++ failure handler; a rare crash in the teardown after the stop line) (docs/reliability.md)
+# a stop signal at 6 seeded moments of a Ray pretraining, start-up to registration (marker `stops`; CI runs it after
+# the faults; ROPIM_STOPS_SEED=N make test-stops stops it at other moments)
 test-stops: $(VENV)/.installed
 	$(VENV)/bin/pytest -m stops
 
