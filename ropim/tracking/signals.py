@@ -21,7 +21,7 @@ Once a command has finished (``finished``: its result recorded and printed), the
 the process at once with status 0, as nothing is left to stop. Python drops its signal handlers late in the teardown,
 after the ``atexit`` callbacks, so from the last callback on the stop signals are ignored (a signal left to the
 default action would kill the finished process with no word, status −2 or −15). A stop that cut a library's start
-short (``cut_short``) ends the process once the ``atexit`` callbacks have run, skipping the teardown after them.
+short (``deliver``) ends the process once the ``atexit`` callbacks have run, skipping the teardown after them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REDELIVER_S = 0.05  # a stop Python dropped is raised again this long after (dropped again: again)
+
+
+def end_now(status: int) -> None:
+    """End the process with ``status`` at once, its console output flushed (no teardown after)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -65,7 +72,7 @@ class StopSignals:
         self.reported = False  # a run said how the stop ended it (``ropim.tracking.runs.Run``)
         self.timer: threading.Timer | None = None  # a dropped stop, to be raised again
         self.done = False  # the command finished: only the interpreter's teardown is left (``finished``)
-        self.cut = False  # a stop cut a library's start short: the process ends after the atexit callbacks
+        self.cut = False  # a stop cut a library's start short (``deliver``): the process ends after atexit
         atexit.register(self.at_exit)  # at import, before the libraries': it runs after theirs (last in, first out)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
@@ -102,7 +109,7 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread() or self.previous is not None:
             return False
         self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-        self.received, self.held, self.again, self.reported = None, False, False, False
+        self.received, self.held, self.again, self.reported, self.cut = None, False, False, False, False
         for s in STOP_SIGNALS:
             signal.signal(s, self.handle)
         self.hook, sys.unraisablehook = sys.unraisablehook, self.unraisable
@@ -120,9 +127,13 @@ class StopSignals:
             self.hook(report)
 
     def deliver(self, signum: int) -> None:
-        """A stop signal that a library's own handler caught (``ray.init`` exits on SIGTERM): handled as ours."""
+        """A stop signal that a library's own handler caught, cutting the library's start short (``ray.init`` exits on
+        SIGTERM): handled as ours, and the process ends with the stop's status once the ``atexit`` callbacks have run
+        (Ray's shutdown among them), before the interpreter's and the C libraries' teardown, where a half-built Ray
+        core worker crashes it (``at_exit``)."""
         if self.previous is None:
             raise Interrupted(signum)
+        self.cut = True
         self.handle(signum, None)
 
     def name(self, err: BaseException | None = None) -> str:
@@ -138,24 +149,14 @@ class StopSignals:
 
     @staticmethod
     def leave(signum: int, frame: FrameType | None) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    def cut_short(self) -> None:
-        """A stop signal cut a library's start short (``ray.init``, whose own handler exits on SIGTERM): the process
-        ends with the stop's status once the ``atexit`` callbacks have run (Ray's shutdown among them), before the
-        interpreter's and the C libraries' teardown, where a half-built Ray core worker crashes it."""
-        self.cut = True
+        end_now(0)
 
     def at_exit(self) -> None:
         """The last ``atexit`` callback of ours: a finished command ignores the stop signals while Python finalizes,
         which it does without its signal handlers; a stopped one whose library start was cut short ends here."""
-        if self.cut and self.received is not None:
+        if self.cut:
             logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + self.received)
+            end_now(128 + self.received)
         if self.done:
             for s in STOP_SIGNALS:
                 signal.signal(s, signal.SIG_IGN)

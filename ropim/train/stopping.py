@@ -23,7 +23,7 @@ def init_kept() -> Iterator[None]:
 
     ``ray.init`` also installs its own SIGTERM handler (``sys.exit(15)``) for good as it starts, so a SIGTERM can still
     cut it short: it is handled as a stop signal, the process ends as soon as Python's exit callbacks have run
-    (``STOP.cut_short``), and the caller's handler comes back after. Ray's core worker also installs a C++ failure
+    (``STOP.deliver``), and the caller's handler comes back after. Ray's core worker also installs a C++ failure
     handler for SIGTERM as it starts; one that caught the signal arms a 3 s alarm that would abort the job's orderly
     stop (status −6 after its stop line): it is cancelled."""
     handler = signal.getsignal(signal.SIGTERM)
@@ -34,7 +34,6 @@ def init_kept() -> Iterator[None]:
             except SystemExit as err:
                 if err.code != signal.SIGTERM or signal.getsignal(signal.SIGTERM) is handler:
                     raise
-                STOP.cut_short()
                 STOP.deliver(signal.SIGTERM)
     finally:
         if handler is not None:
