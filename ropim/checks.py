@@ -1,14 +1,19 @@
-"""Range checks of config fields: one ``ConfigError`` naming the field, its value and what it must be.
+"""Checks of config fields: one ``ConfigError`` naming the field, its value and what it must be.
 
-Every number is checked for type and finiteness too, so ``nan``, ``inf`` and negative values of fields that must
-be positive are refused before any work starts (``--base_lr nan`` passes ``base_lr <= 0`` otherwise).
+A field's rule is a ``Range`` or a ``OneOf``; a field declared ``bool`` must hold true or false. Every number is
+checked for type and finiteness too, so ``nan``, ``inf`` and negative values of fields that must be positive are
+refused before any work starts (``--base_lr nan`` passes ``base_lr <= 0`` otherwise).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import re
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 from ropim.errors import ConfigError
 from ropim.paths import is_uri
@@ -51,6 +56,34 @@ class Range:
         return above and below
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """A value from a fixed set of choices."""
+
+    choices: tuple
+
+    def describe(self) -> str:
+        return f"one of {', '.join(map(str, self.choices))}"
+
+    def holds(self, value) -> bool:
+        return not isinstance(value, bool) and value in self.choices
+
+
+@dataclass(frozen=True)
+class Flag:
+    """True or false."""
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def holds(self, value) -> bool:
+        return isinstance(value, bool)
+
+
+Rule = Range | OneOf | Flag
+FLAG = Flag()
+
+
 POSITIVE = Range(0, low_open=True)
 NON_NEGATIVE = Range(0)
 SHARE = Range(0, 1)  # a probability or a share
@@ -58,9 +91,19 @@ COUNT = Range(1, integer=True)  # at least one
 SEED = Range(0, 2**31 - 1, integer=True)
 
 
-def check_fields(cfg: object, rules: dict[str, Range], prefix: str = "") -> None:
-    """Raise ConfigError for the first field of ``cfg`` outside its range."""
-    for name, rule in rules.items():
+@functools.cache
+def declared_rules(cls: type) -> dict[str, Rule]:
+    """The rules the dataclass ``cls`` declares by its fields' types: a ``bool`` is true or false, a ``Literal`` one
+    of its values."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: FLAG if hints[f.name] is bool else OneOf(typing.get_args(hints[f.name]))
+            for f in dataclasses.fields(cls) if hints[f.name] is bool or typing.get_origin(hints[f.name]) is Literal}
+
+
+def check_fields(cfg: object, rules: dict[str, Rule], prefix: str = "") -> None:
+    """Raise ConfigError for the first field of the dataclass ``cfg`` outside its rule: those of ``rules``, after those
+    its field types declare (``declared_rules``)."""
+    for name, rule in {**declared_rules(type(cfg)), **rules}.items():
         value = getattr(cfg, name)
         if not rule.holds(value):
             raise ConfigError(f"{prefix}{name}={value!r}: must be {rule.describe()}")

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ropim.checks import COUNT, SEED, Range, check_fields, check_location, check_run_name
+from ropim.checks import COUNT, SEED, OneOf, Range, check_fields, check_location, check_run_name
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from tune.spaces import max_value, n_grid_points, validate_space
@@ -91,13 +91,8 @@ class SweepConfig:
 
     def validate(self) -> SweepConfig:
         """Raise ConfigError naming the bad field and its fix, before Ray starts."""
-        if self.search not in SEARCHES:
-            raise ConfigError(f"search={self.search!r}: choose one of {', '.join(SEARCHES)}")
-        if self.scheduler not in SCHEDULERS:
-            raise ConfigError(f"scheduler={self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
-        if self.metric not in METRICS:
-            raise ConfigError(f"metric={self.metric!r}: choose one of {', '.join(METRICS)}")
-        check_fields(self, {"num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
+        check_fields(self, {"search": OneOf(SEARCHES), "scheduler": OneOf(SCHEDULERS), "metric": OneOf(tuple(METRICS)),
+                            "num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
                             "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
         check_run_name(self.name, "name")
         if self.metric in ONCE and self.scheduler == "asha":

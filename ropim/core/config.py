@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ropim.checks import COUNT, Range, check_fields
+from ropim.checks import COUNT, OneOf, Range, check_fields
 from ropim.errors import ConfigError
 
 # arch -> (embed_dim, num_heads) of ViT-T/S/B: the width of either backbone
@@ -19,12 +19,14 @@ WIDTHS = {
 }
 ARCHS = tuple(WIDTHS)
 BACKBONES = ("vit", "beit")  # timm VisionTransformer (absolute position embedding) | the paper's BEiT-style ViT
-CORRUPTIONS = ("rop", "mask", "none")
-LOSSES = ("l1", "l2")
-HASHINGS = ("balanced", "uniform", "official")  # official: the paper's code's buckets and signs (ropim.core.sketch)
-# timm: timm's Beit/VisionTransformer init (weights N(0, 0.02²) cut at ±2, i.e. uncut); official: the paper's code's
-# (BEiT's trunc_normal_ cut at ±1σ, ``ropim.core.backbone.official_init_``), beit only
-INITS = ("timm", "official")
+HASHING = OneOf(("balanced", "uniform", "official"))  # official: the paper's code's buckets and signs (core.sketch)
+RULES = {"img_size": COUNT, "patch_size": COUNT, "depth": Range(1, integer=True, optional=True),
+         "drop_path_rate": Range(0, 1, high_open=True), "mask_patch_size": Range(1, integer=True, optional=True),
+         "arch": OneOf(ARCHS), "backbone": OneOf(BACKBONES), "corruption": OneOf(("rop", "mask", "none")),
+         "loss": OneOf(("l1", "l2")), "hashing": HASHING,
+         # timm: timm's Beit/VisionTransformer init (weights N(0, 0.02²) cut at ±2, i.e. uncut); official: the
+         # paper's code's (BEiT's trunc_normal_ cut at ±1σ, ``ropim.core.backbone.official_init_``), beit only
+         "init": OneOf(("timm", "official"))}
 
 
 def check_rho(rho: float) -> None:
@@ -43,8 +45,8 @@ def n_buckets_for(n_tokens: int, rho: float) -> int:
 
 def check_hashing(hashing: str) -> None:
     """Raise ConfigError for an unknown hashing scheme."""
-    if hashing not in HASHINGS:
-        raise ConfigError(f"hashing={hashing!r}: choose one of {', '.join(HASHINGS)}")
+    if not HASHING.holds(hashing):
+        raise ConfigError(f"hashing={hashing!r}: must be {HASHING.describe()}")
 
 
 def default_mask_unit(img_size: int, patch_size: int) -> int:
@@ -95,30 +97,17 @@ class ModelConfig:
 
     def validate(self) -> ModelConfig:
         """Raise ConfigError naming the bad field and its fix."""
-        check_fields(self, {"img_size": COUNT, "patch_size": COUNT, "depth": Range(1, integer=True, optional=True),
-                            "drop_path_rate": Range(0, 1, high_open=True),
-                            "mask_patch_size": Range(1, integer=True, optional=True)}, "model.")
+        check_fields(self, RULES, "model.")
         if self.in_chans != 3:
             raise ConfigError(f"model.in_chans={self.in_chans!r}: images are decoded as RGB, so in_chans must be 3")
-        if self.arch not in ARCHS:
-            raise ConfigError(f"arch={self.arch!r}: unknown architecture; choose one of {', '.join(ARCHS)}")
-        if self.backbone not in BACKBONES:
-            raise ConfigError(f"backbone={self.backbone!r}: unknown backbone; choose one of {', '.join(BACKBONES)}")
-        if self.patch_size <= 0 or self.img_size % self.patch_size:
+        if self.img_size % self.patch_size:
             raise ConfigError(
                 f"img_size={self.img_size}, patch_size={self.patch_size}: the patch size must divide the "
                 f"image size (e.g. img_size={self.img_size - self.img_size % max(self.patch_size, 1)})"
             )
-        if self.corruption not in CORRUPTIONS:
-            raise ConfigError(f"corruption={self.corruption!r}: choose one of {', '.join(CORRUPTIONS)}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
-        check_hashing(self.hashing)
-        if not isinstance(self.literal_scale, bool):
-            raise ConfigError(f"model.literal_scale={self.literal_scale!r}: must be true or false")
-        if self.init not in INITS or (self.init == "official" and self.backbone != "beit"):
-            raise ConfigError(f"model.init={self.init!r}: choose one of {', '.join(INITS)} ('official' is the paper's "
-                              "initialisation of its BEiT-style model: it needs backbone: beit)")
+        if self.init == "official" and self.backbone != "beit":
+            raise ConfigError(f"model.init={self.init!r}: the paper's initialisation of its BEiT-style model needs "
+                              "backbone: beit (or init: timm)")
         n_buckets_for(self.n_tokens, self.rho)
         self._validate_mask()
         return self

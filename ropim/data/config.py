@@ -40,8 +40,6 @@ class DataConfig:
         if self.format not in ("auto", *self.FORMATS):
             raise ConfigError(f"data format={self.format!r}: {self.UNKNOWN}; choose auto or one of "
                               f"{', '.join(self.FORMATS)}")
-        if self.on_bad_image not in ("skip", "fail"):
-            raise ConfigError(f"data on_bad_image={self.on_bad_image!r}: choose skip or fail")
         if not (isinstance(self.val_fraction, (int, float)) and 0.0 < self.val_fraction < 1.0):
             raise ConfigError(f"val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.2")
         check_fields(self, self.RULES, "data.")

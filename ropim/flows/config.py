@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 from ropim.checks import COUNT, POSITIVE, SEED, Range, check_fields, check_local_resources, check_run_name
 from ropim.data.config import DataConfig
@@ -15,8 +16,6 @@ from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.jobs import Prepared, prepare
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
-
-MODES = ("finetune", "probe")
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,8 @@ class TransferConfig:
     """comma-separated encoder URIs"""
     data: str = ""
     """comma-separated data sources ('digits', folders, URIs); other data fields from the templates"""
-    mode: str = "finetune"
-    """finetune | probe"""
+    mode: Literal["finetune", "probe"] = "finetune"
+    """what every cell runs: a fine-tune or a linear probe and kNN"""
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     """what every fine-tune cell shares (``--finetune.*``)"""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
@@ -126,8 +125,7 @@ class TransferConfig:
 
     def validate(self) -> TransferConfig:
         """Raise ConfigError naming the bad field; every cell's config is checked before any run starts."""
-        if self.mode not in MODES:
-            raise ConfigError(f"mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        check_fields(self, {})  # mode: one of its values
         if not self.encoder_list:
             raise ConfigError("encoders is empty: give --encoders URI1,URI2,…")
         if not self.data_list and not self.segment_list:

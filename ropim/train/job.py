@@ -16,6 +16,7 @@ from ropim.checks import (
     NON_NEGATIVE,
     POSITIVE,
     SEED,
+    OneOf,
     Range,
     check_fields,
     check_local_resources,
@@ -26,9 +27,6 @@ from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 
-ADAMW_KERNELS = ("default", "foreach", "fused")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-PLACEMENTS = ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")  # Ray placement-group strategies
 SPEED_FLAGS = ("compile", "channels_last", "tf32", "pin_memory", "async_checkpoint")
 
 
@@ -49,16 +47,17 @@ class JobConfig:
 
     NAME: ClassVar[str] = ""  # the job's name: its command, progress prefix and MLflow tag (``ropim.train.jobs``)
     BATCH: ClassVar[str] = "global_batch_size"  # the field holding the images per optimizer step over all workers
-    # numeric rules: what every job shares (the loop's fields and where the job runs); a job adds its own
+    # the rules of the fields every job shares (the loop's and where the job runs); a job adds its own
     RULES: ClassVar[dict[str, Range]] = {
         "epochs": COUNT, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE, "weight_decay": NON_NEGATIVE,
         "clip_grad": Range(0, low_open=True, optional=True), "num_workers": Range(0, integer=True),
         "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT, "keep_checkpoints": COUNT,
         "max_failures": Range(-1, integer=True), "stop_after_epochs": Range(1, integer=True, optional=True),
         "max_steps_per_epoch": Range(1, integer=True, optional=True), "log_every": COUNT, "max_skipped_steps": COUNT,
-        "dataloader_workers": Range(0, integer=True),
+        "dataloader_workers": Range(0, integer=True), "precision": OneOf(("auto", "fp32", "bf16", "fp16")),
+        "adamw": OneOf(("default", "foreach", "fused")),
+        "placement_strategy": OneOf(("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")),  # Ray's strategies
     }
-    FLAGS: ClassVar[tuple[str, ...]] = SPEED_FLAGS  # true/false fields
     # fields that may differ when a named run is continued; everything else must match the stored config
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
@@ -190,16 +189,9 @@ class JobConfig:
         if self.batch % (workers * self.accum):
             raise ConfigError(f"{self.BATCH}={self.batch} is not divisible by num_workers={self.num_workers}"
                               + (f" × accum_steps={self.accum}" if hasattr(self, "accum_steps") else ""))
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision={self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.precision == "fp16" and not self.use_gpu:
             raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
         self.check_placement()
-        for name in self.FLAGS:
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r}: must be true or false")
-        if self.adamw not in ADAMW_KERNELS:
-            raise ConfigError(f"adamw={self.adamw!r}: choose one of {', '.join(ADAMW_KERNELS)}")
         self.check()
         return self
 
@@ -217,11 +209,9 @@ class JobConfig:
         check_batch_fits(self.data, {self.BATCH: self.batch})
 
     def check_placement(self) -> None:
-        """``placement_strategy`` is a Ray strategy; ``min_workers`` (elastic) lies in [1, num_workers] and the global
-        batch splits evenly over it too (as over ``num_workers``). Counts in between take ``batch // workers`` each:
-        the global batch then shrinks by less than one micro batch, the step count and schedule stay."""
-        if self.placement_strategy not in PLACEMENTS:
-            raise ConfigError(f"placement_strategy={self.placement_strategy!r}: choose one of {', '.join(PLACEMENTS)}")
+        """``min_workers`` (elastic) lies in [1, num_workers] and the global batch splits evenly over it too (as over
+        ``num_workers``). Counts in between take ``batch // workers`` each: the global batch then shrinks by less than
+        one micro batch, the step count and schedule stay."""
         if self.min_workers is None:
             return
         if not Range(1, self.num_workers, integer=True).holds(self.min_workers):

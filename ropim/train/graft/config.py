@@ -26,7 +26,6 @@ class GraftConfig(EncoderJob):
              "momentum": Range(0, 1, high_open=True), "proj_dim": COUNT, "mlp_dim": COUNT,
              "crop_min": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
              "eval_every": Range(0, integer=True), "knn_k": COUNT}
-    FLAGS = (*EncoderJob.FLAGS, "momentum_cosine", "freeze_patch_embed", "eval_linear_probe")
     warmup_prefix = True  # MoCo v3's schedule: after the warm-up, a half cosine over the remaining epochs
 
     global_batch_size: int = 128

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ropim.checks import COUNT, POSITIVE, Range, check_data_cpus, local_cpus
+from ropim.checks import COUNT, POSITIVE, OneOf, Range, check_data_cpus, local_cpus
 from ropim.core.config import ModelConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.job import JobConfig
-
-INGESTS = ("torch", "ray_data")
 
 
 @dataclass(frozen=True)
@@ -21,8 +19,7 @@ class PretrainConfig(JobConfig):
     NAME = "pretrain"
     RULES = {**JobConfig.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
              "beta2": Range(0, 1, high_open=True), "eval_every": Range(0, integer=True),
-             "viz_every": Range(0, integer=True), "knn_k": COUNT}
-    FLAGS = (*JobConfig.FLAGS, "eval_async")
+             "viz_every": Range(0, integer=True), "knn_k": COUNT, "ingest": OneOf(("torch", "ray_data"))}
     RESUMABLE = (*JobConfig.RESUMABLE, "eval_async")
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
@@ -58,8 +55,6 @@ class PretrainConfig(JobConfig):
         super().check_inputs()
 
     def check(self) -> None:
-        if self.ingest not in INGESTS:
-            raise ConfigError(f"ingest={self.ingest!r}: choose one of {', '.join(INGESTS)}")
         if self.num_workers == 0 and self.ingest == "ray_data":
             raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
         if self.dataloader_workers and self.ingest == "ray_data":

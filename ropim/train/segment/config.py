@@ -23,7 +23,6 @@ class SegmentConfig(TransferJob):
              "aux_channels": COUNT, "aux_weight": NON_NEGATIVE, "dropout": Range(0, 1, high_open=True),
              "scale_min": POSITIVE, "scale_max": POSITIVE, "eval_stride": Range(1, integer=True, optional=True),
              "viz_images": Range(0, integer=True)}
-    FLAGS = (*TransferJob.FLAGS, "photometric")
     schedule = "poly"  # the loop's decay after the warm-up (``JobConfig.schedule``)
 
     data: SegDataConfig = field(default_factory=SegDataConfig)
@@ -65,8 +64,6 @@ class SegmentConfig(TransferJob):
     def check(self) -> None:
         if self.scale_min > self.scale_max:
             raise ConfigError(f"scale_min={self.scale_min} > scale_max={self.scale_max}: give scale_min ≤ scale_max")
-        if self.eval_mode not in ("slide", "whole"):
-            raise ConfigError(f"eval_mode={self.eval_mode!r}: choose slide or whole")
         if self.batch_size // max(1, self.num_workers) < 2:
             raise ConfigError(f"batch_size={self.batch_size}: needs at least 2 images per worker (batch norm in the "
                               f"decoder) and must divide by num_workers={self.num_workers}")
