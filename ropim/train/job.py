@@ -18,6 +18,7 @@ from ropim.checks import (
     SEED,
     OneOf,
     Range,
+    Rule,
     check_fields,
     check_local_resources,
     check_location,
@@ -48,7 +49,7 @@ class JobConfig:
     NAME: ClassVar[str] = ""  # the job's name: its command, progress prefix and MLflow tag (``ropim.train.jobs``)
     BATCH: ClassVar[str] = "global_batch_size"  # the field holding the images per optimizer step over all workers
     # the rules of the fields every job shares (the loop's and where the job runs); a job adds its own
-    RULES: ClassVar[dict[str, Range]] = {
+    RULES: ClassVar[dict[str, Rule]] = {
         "epochs": COUNT, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE, "weight_decay": NON_NEGATIVE,
         "clip_grad": Range(0, low_open=True, optional=True), "num_workers": Range(0, integer=True),
         "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT, "keep_checkpoints": COUNT,
