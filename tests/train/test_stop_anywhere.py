@@ -21,6 +21,7 @@ JOB = ("pretrain", "--preset", "digits_demo", "--num_workers", "1", "--model.dep
 MOMENTS = 6  # one in each sixth of an undisturbed run, at a seeded random place in it
 SEED = int(os.environ.get("ROPIM_STOPS_SEED", "0"))  # other moments: ROPIM_STOPS_SEED=N make test-stops
 ENDED = ("stopped by SIG", "while no run was open; nothing recorded")
+WORKER_LINES = ("[pretrain] epoch", "[pretrain] precision")  # what the Ray worker of JOB logs (ropim.train.loop)
 
 
 def launch(name: str, cwd) -> subprocess.Popen:
@@ -55,8 +56,9 @@ def test_a_stop_signal_at_any_moment_ends_the_job_cleanly(workdir):
         finally:
             job.kill()
         case = f"{sig.name} at {at:.1f} s of {took:.1f} s (seed {SEED}): rc {job.returncode}\n{err[-2500:]}"
-        # the job's own lines: Ray forwards a worker's progress line when it arrives, maybe after the driver's last
-        lines = [line for line in err.strip().splitlines() if not line.startswith("[pretrain] epoch")]
+        # the driver's own lines: Ray forwards a worker's lines (its precision line as it starts, its progress lines)
+        # when they arrive, maybe after the driver's last
+        lines = [line for line in err.strip().splitlines() if not line.startswith(WORKER_LINES)]
         runs = runs_named(name)
         print(f"{sig.name} at {at:.1f}/{took:.1f} s: rc {job.returncode}, runs {[r.info.status for r in runs]}, "
               f"{lines[-1] if lines else ''}")
