@@ -100,13 +100,17 @@ def declared_rules(cls: type) -> dict[str, Rule]:
             for f in dataclasses.fields(cls) if hints[f.name] is bool or typing.get_origin(hints[f.name]) is Literal}
 
 
+def check_value(name: str, value: object, rule: Rule) -> None:
+    """Raise ConfigError naming ``name``, ``value`` and what it must be, unless ``value`` holds ``rule``."""
+    if not rule.holds(value):
+        raise ConfigError(f"{name}={value!r}: must be {rule.describe()}")
+
+
 def check_fields(cfg: object, rules: dict[str, Rule], prefix: str = "") -> None:
     """Raise ConfigError for the first field of the dataclass ``cfg`` outside its rule: those of ``rules``, after those
     its field types declare (``declared_rules``)."""
     for name, rule in {**declared_rules(type(cfg)), **rules}.items():
-        value = getattr(cfg, name)
-        if not rule.holds(value):
-            raise ConfigError(f"{prefix}{name}={value!r}: must be {rule.describe()}")
+        check_value(prefix + name, getattr(cfg, name), rule)
 
 
 def check_run_name(name: str | None, field: str = "run_name") -> None:

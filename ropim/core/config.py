@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ropim.checks import COUNT, OneOf, Range, check_fields
+from ropim.checks import COUNT, OneOf, Range, check_fields, check_value
 from ropim.errors import ConfigError
 
 # arch -> (embed_dim, num_heads) of ViT-T/S/B: the width of either backbone
@@ -45,8 +45,7 @@ def n_buckets_for(n_tokens: int, rho: float) -> int:
 
 def check_hashing(hashing: str) -> None:
     """Raise ConfigError for an unknown hashing scheme."""
-    if not HASHING.holds(hashing):
-        raise ConfigError(f"hashing={hashing!r}: must be {HASHING.describe()}")
+    check_value("hashing", hashing, HASHING)
 
 
 def default_mask_unit(img_size: int, patch_size: int) -> int:
@@ -103,7 +102,7 @@ class ModelConfig:
         if self.img_size % self.patch_size:
             raise ConfigError(
                 f"img_size={self.img_size}, patch_size={self.patch_size}: the patch size must divide the "
-                f"image size (e.g. img_size={self.img_size - self.img_size % max(self.patch_size, 1)})"
+                f"image size (e.g. img_size={self.img_size - self.img_size % self.patch_size})"
             )
         if self.init == "official" and self.backbone != "beit":
             raise ConfigError(f"model.init={self.init!r}: the paper's initialisation of its BEiT-style model needs "

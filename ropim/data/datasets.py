@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ropim.checks import OneOf, check_value
 from ropim.data.augment import augment, normalize, resize
 from ropim.data.config import DataConfig
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb
@@ -75,8 +76,7 @@ def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 3
     dataset has ``labels`` (int64 array) and ``classes``.
     """
     cfg.validate()
-    if split not in SPLITS:
-        raise ConfigError(f"split={split!r}: choose one of {', '.join(SPLITS)}")
+    check_value("split", split, OneOf(SPLITS))
     src = open_source(cfg, img_size)
     images = src.split(split)
     if src.format == "digits":
