@@ -17,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from record import write_json
 from scipy import stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -25,15 +26,15 @@ PAIR = ("ROPIM", "SimMIM")  # the two pretrainings compared seed by seed
 
 def label(row: dict) -> str:
     """A row's method as the table names it: layer decay shown where one method was fine-tuned both ways."""
-    decay = row["layer_decay"]
-    return row["method"] if row["method"] != "none" else f"none (layer decay {decay})" if decay else \
-        "none (no layer decay)"
+    if row["method"] != "none":
+        return row["method"]
+    return f"none (layer decay {row['layer_decay']})" if row["layer_decay"] else "none (no layer decay)"
 
 
 def read(paths: list[Path]) -> dict[int, dict]:
-    """{seed: {"device": short GPU name, "top1": {method: top-1}}} of the files; SystemExit naming a bad one."""
+    """{seed: {"device": short GPU name, "top1": {method: top-1}, "file": its path}} of the files; SystemExit naming
+    a bad one."""
     runs: dict[int, dict] = {}
-    where: dict[int, Path] = {}
     for path in paths:
         try:
             d = json.loads(path.read_text())
@@ -44,8 +45,8 @@ def read(paths: list[Path]) -> dict[int, dict]:
         if not complete:
             raise SystemExit(f"{path}: an incomplete run (it stopped before every method was fine-tuned); leave it out")
         if seed in runs:
-            raise SystemExit(f"{path}: seed {seed} again (also {where[seed]}); give each seed once")
-        runs[seed], where[seed] = {"device": device.replace("NVIDIA ", "").split()[0], "top1": top1}, path
+            raise SystemExit(f"{path}: seed {seed} again (also {runs[seed]['file']}); give each seed once")
+        runs[seed] = {"device": device.replace("NVIDIA ", "").split()[0], "top1": top1, "file": path}
     methods = {tuple(r["top1"]) for r in runs.values()}
     if len(methods) > 1:
         raise SystemExit(f"the files hold different methods ({' / '.join(', '.join(m) for m in sorted(methods))}); "
@@ -95,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(read(files))
     print(markdown(summary))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"files": [str(f) for f in files], **summary}, indent=2))
+        write_json({"files": [str(f) for f in files], **summary}, args.out)
     return 0
 
 
