@@ -32,13 +32,15 @@ def label(row: dict) -> str:
 
 
 def read(paths: list[Path]) -> dict[int, dict]:
-    """{seed: {"device": short GPU name, "top1": {method: top-1}, "file": its path}} of the files; SystemExit naming
-    a bad one."""
+    """{seed: {"device": short GPU name, "top1": {method: top-1}, "epochs": {pretraining or "fine-tune": epochs},
+    "file": its path}} of the files; SystemExit naming a bad one."""
     runs: dict[int, dict] = {}
     for path in paths:
         try:
             d = json.loads(path.read_text())
             top1 = {label(r): r["finetune"]["top1"] for r in d["rows"]}
+            epochs = {r["method"]: r["pretrain"]["epochs"] for r in d["rows"] if r.get("pretrain")}
+            epochs["fine-tune"] = d["rows"][0]["finetune"]["epochs"]
             seed, device, complete = d["seed"], d["device_name"], d.get("complete", True)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"{path}: not a gpu_evidence.py result ({type(e).__name__}: {e})") from None
@@ -46,7 +48,7 @@ def read(paths: list[Path]) -> dict[int, dict]:
             raise SystemExit(f"{path}: an incomplete run (it stopped before every method was fine-tuned); leave it out")
         if seed in runs:
             raise SystemExit(f"{path}: seed {seed} again (also {runs[seed]['file']}); give each seed once")
-        runs[seed] = {"device": device.replace("NVIDIA ", "").split()[0], "top1": top1, "file": path}
+        runs[seed] = {"device": device.replace("NVIDIA ", "").split()[0], "top1": top1, "epochs": epochs, "file": path}
     methods = {tuple(r["top1"]) for r in runs.values()}
     if len(methods) > 1:
         raise SystemExit(f"the files hold different methods ({' / '.join(', '.join(m) for m in sorted(methods))}); "
@@ -64,6 +66,7 @@ def summarize(runs: dict[int, dict]) -> dict:
     diff = [x - y for x, y in zip(a, b, strict=True)]
     test = stats.ttest_rel(a, b)
     return {"seeds": list(runs), "devices": [runs[s]["device"] for s in runs],
+            "epochs": {k: [runs[s]["epochs"][k] for s in runs] for k in next(iter(runs.values()))["epochs"]},
             "methods": {m: {"top1": v, "mean": statistics.mean(v), "sd": statistics.stdev(v)}
                         for m, v in table.items()},
             "paired": {"diff": diff, "mean": statistics.mean(diff), "sd": statistics.stdev(diff),
@@ -73,12 +76,16 @@ def summarize(runs: dict[int, dict]) -> dict:
 
 
 def markdown(s: dict) -> str:
-    """The table of ``docs/speed.md`` and the paired line under it."""
+    """The table of ``docs/speed.md`` (top-1 per method, then the epochs each seed's seconds bought) and the paired
+    line under it."""
     seeds = [f"seed {seed} ({dev})" for seed, dev in zip(s["seeds"], s["devices"], strict=True)]
     head = ["method", *seeds, "mean ± sd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, r in s["methods"].items():
         lines.append(f"| {m} | " + " | ".join(f"{v:.2f}" for v in r["top1"]) + f" | {r['mean']:.2f} ± {r['sd']:.2f} |")
+    for k, v in s["epochs"].items():
+        name, fmt = ("fine-tune", "{}") if k == "fine-tune" else (f"{k} pretraining", "{:.1f}")
+        lines.append(f"| {name} epochs | " + " | ".join(fmt.format(e) for e in v) + " | |")
     p = s["paired"]
     lines.append(f"\n{PAIR[0]} − {PAIR[1]} per seed: {', '.join(f'{d:.2f}' for d in p['diff'])}; mean "
                  f"{p['mean']:.2f} ± {p['sd']:.2f}; {PAIR[0]} leads in {p['leads']} of {p['seeds']}; paired t-test "

@@ -24,9 +24,12 @@ def et():
 def result(path: Path, seed: int, ropim: float, simmim: float, none: float = 40.0, device: str = "NVIDIA H100 80GB",
            complete: bool = True) -> Path:
     """A gpu_evidence.py JSON holding what the table reads."""
-    rows = [{"method": "ROPIM", "layer_decay": 0.75, "finetune": {"top1": ropim}},
-            {"method": "SimMIM", "layer_decay": 0.75, "finetune": {"top1": simmim}},
-            {"method": "none", "layer_decay": None, "finetune": {"top1": none}}]
+    def row(method: str, top1: float, pretrain_epochs: float | None, layer_decay: float | None = 0.75) -> dict:
+        pretrain = None if pretrain_epochs is None else {"epochs": pretrain_epochs}
+        return {"method": method, "layer_decay": layer_decay, "pretrain": pretrain,
+                "finetune": {"top1": top1, "epochs": 7 + seed}}
+
+    rows = [row("ROPIM", ropim, 39.26), row("SimMIM", simmim, 36.0), row("none", none, None, None)]
     path.write_text(json.dumps({"seed": seed, "device_name": device, "complete": complete, "rows": rows}))
     return path
 
@@ -47,6 +50,8 @@ def test_the_paired_comparison_is_seed_by_seed(et, tmp_path):
     table = et.markdown(s)
     assert "| ROPIM | 56.00 | 54.50 | 50.00 | 53.50 ± 3.12 |" in table
     assert "ROPIM leads in 2 of 3" in table
+    assert "| ROPIM pretraining epochs | 39.3 | 39.3 | 39.3 | |" in table
+    assert "| fine-tune epochs | 7 | 8 | 9 | |" in table  # seed by seed
 
 
 @pytest.mark.parametrize("case, message", [
@@ -80,4 +85,6 @@ def test_the_docs_table_is_the_committed_results():
                          check=True).stdout
     docs = (ROOT / "docs" / "speed.md").read_text()
     rows = [line for line in out.splitlines() if line.startswith("|")]
-    assert len(rows) == 6 and all(line in docs for line in rows), out
+    assert len(rows) == 9 and all(line in docs for line in rows), out  # head, rule, 4 methods, 3 epoch rows
+    paired = out.strip().splitlines()[-1]
+    assert paired.startswith("ROPIM − SimMIM") and paired in " ".join(docs.split()), "docs/speed.md lacks " + paired
