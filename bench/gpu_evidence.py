@@ -7,7 +7,8 @@ fine-tune), so the input never throttles the step. The model is the library's ow
 ``ropim.core.backbone.build_classifier``): ViT-T width, the paper's ``beit`` backbone, patch 4 (64 tokens), bf16
 autocast, fused AdamW. The run is sized from step times measured in its first seconds so that it ends inside
 ``--minutes``: each pretraining gets the same seconds of training steps (its step count = budget / its own step
-time), each fine-tune the same number of epochs.
+time), each fine-tune the same number of epochs (``--finetune-epochs``: fixed, so that seeds run on hosts of
+different speeds fine-tune alike; the fine-tune step of this small model is bound by the host's kernel launches).
 
 Data: CIFAR-10 Parquet shards (``train-*.parquet``, columns ``image`` (encoded bytes) and ``label``; ``--data`` or
 ``ROPIM_BENCH_CIFAR``): the last shard is the held-out test set (never seen in pretraining or fine-tuning), the
@@ -326,13 +327,21 @@ def plan(args, data: dict, recipe: Recipe, sync, t_start: float) -> dict:
     step_s["finetune"] = seconds_per_step(Finetune(None, data, recipe, seed, args, recipe.layer_decay).step, sync,
                                           warm, timed)
     left = 60 * args.minutes * (1 - args.reserve) - (time.perf_counter() - t_start)
-    pretrain_s = args.pretrain_share * left / len(PRETRAINED)
-    finetunes = len(PRETRAINED) + 2  # rop, mask, none with the recipe's layer decay, none without
-    epoch_s = data["x"].shape[0] // recipe.finetune_batch * step_s["finetune"]
-    epochs = max(1, math.floor((1 - args.pretrain_share) * left / finetunes / epoch_s))
     if left <= 0:
         raise SystemExit(f"bench/gpu_evidence.py: --minutes {args.minutes} is spent before training starts "
                          f"(loading and measuring took {time.perf_counter() - t_start:.0f} s)")
+    finetunes = len(PRETRAINED) + 2  # rop, mask, none with the recipe's layer decay, none without
+    epoch_s = data["x"].shape[0] // recipe.finetune_batch * step_s["finetune"]
+    if args.finetune_epochs:  # the fine-tune fixed, the pretrainings share what is left
+        epochs = args.finetune_epochs
+        pretrain_s = (left - finetunes * epochs * epoch_s) / len(PRETRAINED)
+        if pretrain_s <= 0:
+            raise SystemExit(f"bench/gpu_evidence.py: --finetune-epochs {epochs} needs "
+                             f"{finetunes * epochs * epoch_s:.0f} s of fine-tuning and {left:.0f} s are left; give "
+                             "fewer epochs or more --minutes")
+    else:
+        pretrain_s = args.pretrain_share * left / len(PRETRAINED)
+        epochs = max(1, math.floor((1 - args.pretrain_share) * left / finetunes / epoch_s))
     return dict(step_s=step_s, pretrain_s=pretrain_s, pretrain_steps={c: max(1, round(pretrain_s / step_s[c]))
                                                                        for c in PRETRAINED},
                 finetune_epochs=epochs, seconds_left=left)
@@ -380,6 +389,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="CIFAR-10 Parquet folder (default $ROPIM_BENCH_CIFAR)")
     ap.add_argument("--minutes", type=float, default=8.0, help="the whole run, loading and measuring included")
     ap.add_argument("--pretrain-share", type=float, default=0.55, help="share of the training time for pretraining")
+    ap.add_argument("--finetune-epochs", type=int, help="fine-tune every method this many epochs and give the "
+                    "pretrainings the rest of the time (default: --pretrain-share sets both)")
     ap.add_argument("--reserve", type=float, default=0.08, help="share of --minutes kept for building and evaluation")
     ap.add_argument("--depth", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
@@ -391,6 +402,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("give --data PATH (CIFAR-10 Parquet shards) or set ROPIM_BENCH_CIFAR, or run --tiny")
     if not 0 < args.pretrain_share < 1 or not 0 <= args.reserve < 1 or args.minutes <= 0 or args.depth < 1:
         ap.error("need 0 < --pretrain-share < 1, 0 <= --reserve < 1, --minutes > 0 and --depth >= 1")
+    if args.finetune_epochs is not None and args.finetune_epochs < 1:
+        ap.error(f"--finetune-epochs {args.finetune_epochs}: give 1 or more, or leave it out")
     return args
 
 

@@ -63,7 +63,9 @@ def test_batches_cover_each_epoch_once(ev):
     assert b.epochs == 2 and math.isclose(b.seen_epochs, 1.3)
 
 
-def test_plan_gives_each_pretraining_the_same_seconds(ev, monkeypatch):
+@pytest.fixture
+def plan(ev, monkeypatch):
+    """ev.plan with measured step times rop 0.2 s, mask 0.1 s, fine-tune 0.05 s (10 steps an epoch), 600 s left."""
     times = {"rop": 0.2, "mask": 0.1, "finetune": 0.05}
     monkeypatch.setattr(ev, "seconds_per_step", lambda step, *a: times[step.__self__.key])
     monkeypatch.setattr(ev, "Pretraining", lambda c, *a: SimpleNamespace(step=SimpleNamespace(
@@ -71,9 +73,25 @@ def test_plan_gives_each_pretraining_the_same_seconds(ev, monkeypatch):
     monkeypatch.setattr(ev, "Finetune", lambda *a: SimpleNamespace(step=SimpleNamespace(
         __self__=SimpleNamespace(key="finetune"))))
     monkeypatch.setattr(ev.time, "perf_counter", lambda: 0.0)
-    args = SimpleNamespace(seed=0, tiny=True, minutes=10, reserve=0.0, pretrain_share=0.5)
     data = {"x": torch.zeros(1000, 3, 32, 32, dtype=torch.uint8)}
-    plan = ev.plan(args, data, ev.Recipe(finetune_batch=100), lambda: None, 0.0)
-    assert plan["pretrain_s"] == 150  # half of 600 s over two methods
-    assert plan["pretrain_steps"] == {"rop": 750, "mask": 1500}  # the slower step gets fewer steps, same seconds
-    assert plan["finetune_epochs"] == math.floor(300 / 4 / (10 * 0.05))  # four fine-tunes share the rest
+
+    def run(finetune_epochs: int | None = None) -> dict:
+        args = SimpleNamespace(seed=0, tiny=True, minutes=10, reserve=0.0, pretrain_share=0.5,
+                               finetune_epochs=finetune_epochs)
+        return ev.plan(args, data, ev.Recipe(finetune_batch=100), lambda: None, 0.0)
+    return run
+
+
+def test_plan_gives_each_pretraining_the_same_seconds(plan):
+    budget = plan()
+    assert budget["pretrain_s"] == 150  # half of 600 s over two methods
+    assert budget["pretrain_steps"] == {"rop": 750, "mask": 1500}  # the slower step gets fewer steps, same seconds
+    assert budget["finetune_epochs"] == math.floor(300 / 4 / (10 * 0.05))  # four fine-tunes share the rest
+
+
+def test_fixed_finetune_epochs_leave_the_rest_to_the_pretrainings(plan):
+    budget = plan(finetune_epochs=100)  # 4 fine-tunes x 100 epochs x 0.5 s = 200 s of the 600
+    assert budget["finetune_epochs"] == 100 and budget["pretrain_s"] == 200
+    assert budget["pretrain_steps"] == {"rop": 1000, "mask": 2000}
+    with pytest.raises(SystemExit, match="--finetune-epochs 300 needs 600 s of fine-tuning and 600 s are left"):
+        plan(finetune_epochs=300)

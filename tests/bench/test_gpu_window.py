@@ -37,6 +37,7 @@ def test_tiny_window_on_an_image_without_ray_or_mlflow(tmp_path):
 
     evidence = json.loads((out / "gpu_evidence.json").read_text())
     assert evidence["complete"] and [r["method"] for r in evidence["rows"]] == ["ROPIM", "SimMIM", "none", "none"]
+    assert evidence["plan"]["finetune_epochs"] == 1  # the window's fixed fine-tune length
     for row in evidence["rows"]:
         assert 0 <= row["finetune"]["top1"] <= 100 and row["finetune"]["epochs"] == evidence["plan"]["finetune_epochs"]
     pretrained = [r["pretrain"] for r in evidence["rows"][:2]]
