@@ -22,7 +22,8 @@ import timm
 import torch
 from torch import nn
 
-from ropim.core.backbone import BACKBONES, create_encoder, encode_patch_embeddings, encoder_spec
+from ropim.core.backbone import create_encoder, encode_patch_embeddings, encoder_spec
+from ropim.core.config import BACKBONES
 
 
 def patchify(imgs: torch.Tensor, p: int) -> torch.Tensor:

@@ -60,13 +60,13 @@ def summarize(runs: dict[int, dict]) -> dict:
     """Per method its top-1 per seed, mean and sd; the paired ROPIM − SimMIM comparison (at least 2 seeds)."""
     if len(runs) < 2:
         raise SystemExit(f"{len(runs)} seed(s): a spread and a paired test need at least 2")
-    methods = list(next(iter(runs.values()))["top1"])
-    table = {m: [runs[s]["top1"][m] for s in runs] for m in methods}
+    first = next(iter(runs.values()))
+    table = {m: [runs[s]["top1"][m] for s in runs] for m in first["top1"]}
     a, b = table[PAIR[0]], table[PAIR[1]]
     diff = [x - y for x, y in zip(a, b, strict=True)]
     test = stats.ttest_rel(a, b)
     return {"seeds": list(runs), "devices": [runs[s]["device"] for s in runs],
-            "epochs": {k: [runs[s]["epochs"][k] for s in runs] for k in next(iter(runs.values()))["epochs"]},
+            "epochs": {k: [runs[s]["epochs"][k] for s in runs] for k in first["epochs"]},
             "methods": {m: {"top1": v, "mean": statistics.mean(v), "sd": statistics.stdev(v)}
                         for m, v in table.items()},
             "paired": {"diff": diff, "mean": statistics.mean(diff), "sd": statistics.stdev(diff),

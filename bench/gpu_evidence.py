@@ -334,11 +334,11 @@ def plan(args, data: dict, recipe: Recipe, sync, t_start: float) -> dict:
     epoch_s = data["x"].shape[0] // recipe.finetune_batch * step_s["finetune"]
     if args.finetune_epochs:  # the fine-tune fixed, the pretrainings share what is left
         epochs = args.finetune_epochs
-        pretrain_s = (left - finetunes * epochs * epoch_s) / len(PRETRAINED)
-        if pretrain_s <= 0:
-            raise SystemExit(f"bench/gpu_evidence.py: --finetune-epochs {epochs} needs "
-                             f"{finetunes * epochs * epoch_s:.0f} s of fine-tuning and {left:.0f} s are left; give "
-                             "fewer epochs or more --minutes")
+        finetune_s = finetunes * epochs * epoch_s
+        if finetune_s >= left:
+            raise SystemExit(f"bench/gpu_evidence.py: --finetune-epochs {epochs} needs {finetune_s:.0f} s of "
+                             f"fine-tuning and {left:.0f} s are left; give fewer epochs or more --minutes")
+        pretrain_s = (left - finetune_s) / len(PRETRAINED)
     else:
         pretrain_s = args.pretrain_share * left / len(PRETRAINED)
         epochs = max(1, math.floor((1 - args.pretrain_share) * left / finetunes / epoch_s))

@@ -28,9 +28,9 @@ from timm.models.beit import Beit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ropim.checks import OneOf, check_value
+from ropim.checks import check_value
 from ropim.core.attention import beit_block_unfused
-from ropim.core.config import ARCHS, BACKBONES, WIDTHS
+from ropim.core.config import ARCHS, RULES, WIDTHS
 from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
 
@@ -55,8 +55,8 @@ def encoder_spec(
     """(timm model name, kwargs) such that ``timm.create_model(name, pretrained=False, **kwargs)`` builds the
     encoder: no classifier head (``num_classes=0``), average pooling over the final-normed patch tokens, so its
     state dict loads unchanged into ``build_classifier``'s model. ``depth=None`` keeps 12 blocks."""
-    check_value("backbone", backbone, OneOf(BACKBONES))
-    check_value("arch", arch, OneOf(ARCHS))
+    check_value("backbone", backbone, RULES["backbone"])  # ModelConfig's rules: one wording, one set of choices
+    check_value("arch", arch, RULES["arch"])
     if patch_size <= 0 or img_size <= 0 or img_size % patch_size:
         raise ConfigError(f"img_size={img_size}, patch_size={patch_size}: the patch size must divide the image size")
     if depth is not None and depth < 1:

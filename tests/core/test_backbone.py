@@ -12,9 +12,6 @@ from timm.optim import create_optimizer_v2
 from torch.nn import functional as F
 
 from ropim.core.backbone import (
-    ARCHS,
-    BACKBONES,
-    WIDTHS,
     backbone_of,
     build_classifier,
     create_encoder,
@@ -22,6 +19,7 @@ from ropim.core.backbone import (
     encoder_spec,
     no_weight_decay,
 )
+from ropim.core.config import ARCHS, BACKBONES, WIDTHS
 from ropim.core.relpos import resize_rel_pos_bias_table
 from ropim.errors import ConfigError
 
