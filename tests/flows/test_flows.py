@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import replace
 
+import numpy as np
 import pytest
+from PIL import Image
 from support import encoder_folder, register_tiny_encoder
 
-from ropim.data.config import SegDataConfig
+from ropim.data.config import DataConfig, SegDataConfig
 from ropim.errors import ConfigError
+from ropim.flows import probe as probe_flow
 from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe
 from ropim.flows.transfer import transfer
@@ -38,6 +42,39 @@ def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
     assert len(list((workdir / "feats").glob("features-*.safetensors"))) == 1
     again = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats"), linear_max_iter=200))
     assert again["linear"]["top1"] == res["linear"]["top1"]  # same cached features, same seeded probe
+
+
+def write_split_folder(root, classes: str, seed: int) -> None:
+    """An ImageFolder with its own split: root/{train,val}/<class>/<i>.png, 16x16 noise."""
+    for split, n in (("train", 4), ("val", 2)):
+        for c, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                pixels = np.random.default_rng([seed, c, i, n]).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
+
+
+def test_probe_cache_follows_the_data(workdir, encoder, monkeypatch):
+    """Cached features are read back only while the images are the same: an image rewritten in place (same path)
+    or a class added extracts them again."""
+    uri, _ = encoder
+    root, extracted = workdir / "tvc", []
+    write_split_folder(root, "ab", seed=0)
+    real = probe_flow.extract_features
+    monkeypatch.setattr(probe_flow, "extract_features", lambda *a, **k: extracted.append(1) or real(*a, **k))
+    cfg = ProbeConfig(encoder=uri, data=DataConfig(source=str(root)), cache_dir=str(workdir / "feats-tvc"), knn_k=3,
+                      linear_max_iter=50)
+    probe(cfg)
+    probe(cfg)
+    assert len(extracted) == 2  # train and val once, then from the cache
+    image = root / "train" / "a" / "0.png"
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(image)
+    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))
+    probe(cfg)
+    assert len(extracted) == 4
+    write_split_folder(root, "abc", seed=0)
+    probe(cfg)
+    assert len(extracted) == 6 and len(list((workdir / "feats-tvc").glob("features-*.safetensors"))) == 3
 
 
 @pytest.mark.slow  # two encoders probed (12 s); make test transfers one, with segmentation beside it
