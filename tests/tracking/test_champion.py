@@ -10,7 +10,7 @@ import pytest
 from support import register_tiny_encoder, run_cli
 
 from ropim.tracking import store
-from ropim.tracking.champion import dataset_alias, promote_champion
+from ropim.tracking.champion import dataset_alias, promote_champion, settled
 
 
 def test_champion_rule_per_metric_and_dataset(workdir):
@@ -37,6 +37,55 @@ def test_champion_rule_per_metric_and_dataset(workdir):
     tags = c.get_model_version(name, v[1]).tags
     assert tags["metric_value"] == "40.0" and tags["metric_dataset"] == "digits"
     assert tags["alias.champion"].startswith("not moved: knn_top1@k=20 40 does not beat")
+
+
+TINY, SMALL = "vit_tiny_patch16_224", "vit_small_patch16_224"
+
+
+def test_a_per_shape_alias_only_ever_holds_an_encoder_of_its_shape(workdir):
+    """The per-shape alias is the best encoder of its shape: a better-scoring encoder of another shape (patch 8 vs 4,
+    ViT-S vs ViT-T) on the same metric and data never takes it, not even when settling; the overall and per-dataset
+    champions follow the score alone. Every decision returned (what the sweep prints) says where the alias is."""
+    c, name = store.client(), "shape-test"
+    c.create_registered_model(name)
+    v = [str(c.create_model_version(name, "file:///nowhere").version) for _ in range(5)]
+
+    def promote(version, value, model):
+        d = promote_champion(name, version, "knn_top1@k=20", "digits", value, model=model)
+        for alias, (moved, _) in d.items():  # `moved` is true exactly when the version holds the alias now
+            assert (str(c.get_model_version_by_alias(name, alias).version) == version) == moved, (alias, d)
+        return d
+
+    promote(v[0], 57.94, (TINY, 8, 32))
+    d = promote(v[1], 49.86, (TINY, 4, 32))  # worse than v1, of another shape: takes only its shape's alias
+    assert d["champion-vit_t4-32"] == (True, "no version held 'champion-vit_t4-32'")
+    assert not d["champion"][0] and not d["champion-digits"][0]
+    assert c.get_model_version(name, v[1]).tags["shape"] == "vit_t4-32"
+    assert promote(v[2], 90.0, (SMALL, 4, 32))["champion"][0]  # ViT-S: the model-wide champion, not ViT-T's alias
+    d = promote(v[3], 45.0, (TINY, 4, 32))
+    assert d["champion-vit_t4-32"] == (False, "knn_top1@k=20 45 does not beat v2's 49.86 on digits")
+    holders = {a: str(c.get_model_version_by_alias(name, a).version) for a in (
+        "champion", "champion-digits", "champion-vit_t8-32", "champion-vit_t4-32", "champion-vit_s4-32")}
+    assert holders == {"champion": v[2], "champion-digits": v[2], "champion-vit_t8-32": v[0],
+                       "champion-vit_t4-32": v[1], "champion-vit_s4-32": v[2]}
+    c.set_registered_model_alias(name, "champion-vit_t4-32", v[0])  # as an older ropim left it: patch 8 holds it
+    d = promote(v[4], 40.0, (TINY, 4, 32))  # the right shape takes it back; settling hands it to the best of them
+    assert d["champion-vit_t4-32"] == (False, "'champion-vit_t4-32' was v1, an encoder of another shape (vit_t8-32), "
+                                              "but it settled on v2 once every version's score was re-read")
+    assert str(c.get_model_version_by_alias(name, "champion-vit_t4-32").version) == v[1]
+
+
+def test_a_decision_settled_elsewhere_says_so(workdir):
+    """When settling moves an alias away from the promoted version (or onto it), the decision and its tag say so."""
+    c, name = store.client(), "settled-test"
+    c.create_registered_model(name)
+    v = [str(c.create_model_version(name, "file:///nowhere").version) for _ in range(2)]
+    c.set_registered_model_alias(name, "champion", v[1])
+    d = settled(c, name, v[0], {"champion": (True, "no version held 'champion'")})
+    assert d == {"champion": (False, "no version held 'champion', but it settled on v2 once every version's score "
+                                     "was re-read")}
+    assert c.get_model_version(name, v[0]).tags["alias.champion"].startswith("not moved: no version held")
+    assert settled(c, name, v[1], {"champion": (False, "x")})["champion"][0]
 
 
 RACER = """
