@@ -122,6 +122,20 @@ def check_run_name(name: str | None, field: str = "run_name") -> None:
                           "absolute paths), at most 128 characters, e.g. my-run-1")
 
 
+def check_mlflow_names(experiment: str, registered_model: str = "") -> None:
+    """MLflow's rules, checked before it is imported: an experiment name is not empty and at most 500 characters; a
+    registered model's name ("" = none) holds no '/' or ':' and does not start with '.' (MLflow may store it as
+    a file name)."""
+    if not isinstance(experiment, str) or not experiment.strip() or len(experiment) > 500:
+        raise ConfigError(f"experiment={experiment!r}: give the MLflow experiment a name of 1-500 characters, e.g. "
+                          "ropim-pretrain")
+    model = registered_model or "x"
+    if not isinstance(model, str) or "/" in model or ":" in model or model.startswith(".") or not model.strip():
+        raise ConfigError(f"registered_model={registered_model!r}: MLflow model names hold no '/' or ':' and do not "
+                          "start with '.'; use letters, digits, '-', '_' (e.g. ropim-encoder), or \"\" to register "
+                          "nothing")
+
+
 CREDENTIAL_QUERY = re.compile(r"key|secret|token|password|credential|signature", re.IGNORECASE)
 
 

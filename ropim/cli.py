@@ -9,14 +9,16 @@ and bad input answer at once. Other packages add subcommands through the ``ropim
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
+import typing
 from argparse import ArgumentError
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
 
 from ropim import commands
 from ropim.config_files import check_text, parser_mode
@@ -171,7 +173,7 @@ def add_job_command(sub, name: str, config_cls: type, description: str, help_lin
     from ropim.train.jobs import JOBS
 
     parser = job_parser(config_cls, name, description)
-    if name in JOBS and JOBS[name].resume:
+    if name in JOBS:
         parser.add_argument("--resume", type=str | None, default=None,
                             help="continue the named run with its stored config; of the flags given beside it, the "
                                  "resumable ones (num_workers, use_gpu, cpus_per_worker, placement_strategy, "
@@ -210,6 +212,21 @@ def typed_fields(parser: ArgumentParser, argv: list[str], command: str) -> froze
     return frozenset(k for k, _ in given.items() if k not in ("config", "resume"))
 
 
+def check_sections(ns: Namespace, cls: type, prefix: str = "") -> None:
+    """ConfigError for a nested config (``data``, ``model``, ``finetune``, …) that a config file gave as no mapping: an
+    empty ``data:`` section (its keys all commented out) or a plain value, which jsonargparse cannot build."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            value = ns.get(f.name)
+            if not isinstance(value, Namespace):
+                first = dataclasses.fields(hints[f.name])[0].name
+                raise ConfigError(f"{prefix}{f.name}: {value!r} is not a mapping of its settings (an empty "
+                                  f"'{f.name}:' section, or a value); give its keys below it (e.g. '  {first}: …') "
+                                  "or drop the line")
+            check_sections(value, hints[f.name], f"{prefix}{f.name}.")
+
+
 def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     """Entry point of the ``ropim`` console script: one line, never a traceback, for bad input. ``quiet`` (default:
     when run as a program, i.e. without ``argv``) filters library chatter from the console (``quiet_console``)."""
@@ -227,6 +244,8 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         if args.command == "presets":
             commands.run_presets(all_presets(plugin_commands))
             return
+        if args.command in (jobs := job_commands()):
+            check_sections(args[args.command], jobs[args.command][0])
         ns = args[args.command] if args.command in ("data", "models") else parser.instantiate(args)[args.command]
         if args.command in plugin_commands:
             plugin_commands[args.command].run(ns)

@@ -100,7 +100,7 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
 
     job = JOBS[name]
     cfg = config(ns, job.config)
-    if job.resume and ns.resume:
+    if ns.resume:
         cfg, changes = resumed(job, ns.resume, cfg, set(typed))
         if changes:
             print(f"[{name}] --resume {ns.resume}: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new)

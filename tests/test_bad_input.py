@@ -73,6 +73,16 @@ CASES = {  # id: (argv, what the one line must name)
                                 "--resume stored: model.rho=0.5 (stored 0.14285714285714285) cannot change"),
     "resume with more epochs": (("pretrain", "--resume", "stored", "--epochs", "20", "--num_workers", "1"),
                                 "epochs=20 (stored 10) cannot change when continuing a run"),
+    "resume a run of another job": (("finetune", "--resume", "stored"), "is a pretrain run, not a finetune run"),
+    "run name of another job": ((*FT, "--run_name", "stored"), "is a pretrain run, not a finetune run"),
+    "in-process checkpoints continued on Ray": ((*PRE, "--run_name", "local", "--num_workers", "1"),
+                                                "was trained in this process (num_workers=0)"),
+    "Ray checkpoints continued in-process": ((*PRE, "--run_name", "onray", "--num_workers", "0"),
+                                            "was trained on Ray Train workers"),
+    "registered model name with a slash": ((*PRE, "--registered_model", "bad name/x"),
+                                           "registered_model='bad name/x': MLflow model names hold no '/'"),
+    "empty experiment": ((*FT, "--experiment", ""), "experiment='': give the MLflow experiment a name"),
+    "empty data section": ((*PRE, "--config", "nodata.yaml"), "data: None is not a mapping of its settings"),
     "batch larger than the data": ((*PRE, "--global_batch_size", "4096"),
                                    "global_batch_size=4096 exceeds the training split"),
     "fine-tune batch larger than the data": ((*FT, "--batch_size", "4096"),
@@ -199,6 +209,10 @@ def fixtures(tmp_path_factory) -> Path:
     write_seg_fixtures(work)
     stored = PretrainConfig(run_name="stored", storage_path=str(work / "ray_results"))  # a run `--resume` continues
     write_run_meta(stored.storage_path, "stored", {"run_id": "0" * 32, "config": stored.to_dict()})
+    for name, checkpoint in (("local", "in_process/checkpoint_000001"), ("onray", "checkpoint_2026-11-27_12-00-00")):
+        write_run_meta(stored.storage_path, name, {"run_id": "0" * 32, "config": stored.to_dict()})
+        (work / "ray_results" / name / checkpoint).mkdir(parents=True)  # where one epoch was kept
+    (work / "nodata.yaml").write_text("data:\n#  source: ./images\nepochs: 1\n")  # its keys commented out
     (work / "nan.yaml").write_text("base_lr: .nan\n")
     (work / "twice.yaml").write_text("model:\n  rho: 0.2\n  rho: 0.3\n")
     (work / "list.yaml").write_text("- epochs: 3\n- seed: 1\n")

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ropim.checks import COUNT, SEED, OneOf, Range, check_fields, check_location, check_run_name
+from ropim.checks import COUNT, SEED, OneOf, Range, check_fields, check_location, check_mlflow_names, check_run_name
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from tune.spaces import max_value, n_grid_points, validate_space
@@ -95,6 +95,7 @@ class SweepConfig:
                             "num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
                             "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
         check_run_name(self.name, "name")
+        check_mlflow_names(self.experiment)
         if self.metric in ONCE and self.scheduler == "asha":
             raise ConfigError(f"metric={self.metric} is measured once, after a trial's last epoch: ASHA has no "
                               "intermediate values to stop on; use --scheduler none")

@@ -90,7 +90,7 @@ def config_from_namespace(ns: Namespace) -> SweepConfig:
     if ns.resume:
         from ropim.checks import check_location
         from ropim.errors import ConfigError
-        from ropim.tracking.runs import read_run_meta
+        from ropim.tracking.run_meta import read_run_meta
 
         check_location(ns.storage_path, "storage_path")
         meta = read_run_meta(ns.storage_path, ns.resume)

@@ -7,7 +7,16 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from ropim.checks import COUNT, POSITIVE, SEED, Range, check_fields, check_local_resources, check_run_name
+from ropim.checks import (
+    COUNT,
+    POSITIVE,
+    SEED,
+    Range,
+    check_fields,
+    check_local_resources,
+    check_mlflow_names,
+    check_run_name,
+)
 from ropim.data.config import DataConfig
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -62,6 +71,7 @@ class ProbeConfig:
                             "dataloader_workers": Range(0, integer=True), "seed": SEED,
                             "img_size": Range(1, integer=True, optional=True)})
         check_run_name(self.run_name)
+        check_mlflow_names(self.experiment)
         return self
 
     def check_resources(self) -> None:

@@ -22,35 +22,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyarrow.fs as pafs
+from mlflow.exceptions import MlflowException
 
 from ropim.errors import ConfigError
-from ropim.filesystems import filesystem
 from ropim.tracking.lock import acquire, release
+from ropim.tracking.run_meta import RUN_META, read_run_meta, write_run_meta
 from ropim.tracking.signals import STOP
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
-
-RUN_META = "ropim_run.json"
-
-
-def read_run_meta(storage_path: str, name: str) -> dict | None:
-    """The metadata of run ``name`` under ``storage_path``, or None for a new run."""
-    fs, root = filesystem(storage_path)
-    path = f"{root}/{name}/{RUN_META}"
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
-
-
-def write_run_meta(storage_path: str, name: str, meta: dict) -> None:
-    """Write the run metadata whole (a temporary file, then a rename)."""
-    fs, root = filesystem(storage_path)
-    fs.create_dir(f"{root}/{name}", recursive=True)
-    path = f"{root}/{name}/{RUN_META}"
-    with fs.open_output_stream(path + ".tmp") as f:
-        f.write(json.dumps(meta, indent=2).encode())
-    fs.move(path + ".tmp", path)
 
 
 def changed_fields(stored: dict, wanted: dict, resumable: tuple[str, ...] = ()) -> list[str]:
@@ -133,7 +111,7 @@ def open_run(*, experiment: str, name: str, config: dict, storage_path: str | No
         with STOP.deferred():  # a stop signal while the run opens is raised once it is open, then ends it KILLED
             held = acquire(storage_path, name) if storage_path is not None and lock else None
             run = open_locked(experiment, name, config, storage_path, title, resumable, tags, params,
-                              config_artifact, uri, normalize)
+                              config_artifact, uri, normalize, resume)
             run.lock, run.resume, run.signals = held, resume, signals
     except BaseException as err:
         if run is not None:
@@ -149,7 +127,7 @@ def open_run(*, experiment: str, name: str, config: dict, storage_path: str | No
 
 def open_locked(experiment: str, name: str, config: dict, storage_path: str | None, title: str | None,
                 resumable: tuple[str, ...], tags: dict | None, params: dict | None, config_artifact: str | None,
-                uri: str, normalize: Callable[[dict], dict] | None) -> Run:
+                uri: str, normalize: Callable[[dict], dict] | None, resume: str | None = None) -> Run:
     """``open_run`` once the run is locked."""
     meta = read_run_meta(storage_path, name) if storage_path is not None else None
     if meta is None:
@@ -162,11 +140,19 @@ def open_locked(experiment: str, name: str, config: dict, storage_path: str | No
     stored_config = normalize(meta["config"]) if normalize else meta["config"]
     changed = changed_fields(stored_config, config, resumable)
     if changed:
-        raise ConfigError(f"run_name={name!r} already exists under {storage_path} with a different config "
-                          f"({', '.join(changed)}); continue it with its stored config "
-                          f"({storage_path}/{name}/{RUN_META}) or pick a new run_name")
+        again = f"continue it as stored with `{resume}`" if resume else \
+            f"its stored config is in {storage_path}/{name}/{RUN_META}"
+        raise ConfigError(f"a run named {name!r} already exists under {storage_path} with a different config "
+                          f"({', '.join(changed)}); {again}, or give this one a new name")
     c = client(uri)
-    stored = c.get_run(meta["run_id"])
+    try:
+        stored = c.get_run(meta["run_id"])
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise ConfigError(f"run {name!r} under {storage_path} is MLflow run {meta['run_id']}, which the tracking store "
+                          f"{uri} does not hold: run the command where the run started, or set MLFLOW_TRACKING_URI "
+                          "to the store it was tracked in") from None
     finished = stored.info.status == "FINISHED"
     if not finished:
         c.update_run(meta["run_id"], status="RUNNING")

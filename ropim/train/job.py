@@ -22,6 +22,7 @@ from ropim.checks import (
     check_fields,
     check_local_resources,
     check_location,
+    check_mlflow_names,
     check_run_name,
 )
 from ropim.data.config import DataConfig
@@ -60,9 +61,12 @@ class JobConfig:
         "placement_strategy": OneOf(("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK")),  # Ray's strategies
     }
     # fields that may differ when a named run is continued; everything else must match the stored config
+    # (num_workers between counts of Ray Train workers: ``ropim.train.jobs.check_stored_run``; registered_model: what
+    # the result is registered as, not what the run computes)
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
-                                            "wait_for_resources", "dataloader_workers", *SPEED_FLAGS)
+                                            "wait_for_resources", "dataloader_workers", "registered_model",
+                                            *SPEED_FLAGS)
     # the loop's decay after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
     schedule: ClassVar[str] = "cosine"
     # False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM and
@@ -186,6 +190,7 @@ class JobConfig:
         self.check_inputs()
         check_fields(self, self.RULES)
         check_run_name(self.run_name)
+        check_mlflow_names(self.experiment, self.registered_model)
         workers = max(1, self.num_workers)
         if self.batch % (workers * self.accum):
             raise ConfigError(f"{self.BATCH}={self.batch} is not divisible by num_workers={self.num_workers}"

@@ -47,7 +47,6 @@ class Job:
     scores: str = ""  # the command's last line once finished: a format of its final metrics, model_uri and run_id
     tag: str = ""  # the run tag holding the registered URI (default ``ropim.<model>_uri``)
     config_artifact: str = ""  # where the run keeps its config (default ``config/<name>.json``)
-    resume: bool = False  # ``ropim <name> --resume RUN`` continues a run with its stored config
     # its function in ``register.py`` that logs the final results (same arguments, returns None), registered or not
     results: str = ""
 
@@ -85,7 +84,7 @@ REGISTERS = "models:/name/version, models:/name@alias, runs:/…, or a local fol
 JOBS: dict[str, Job] = {job.name: job for job in (
     Job(PretrainConfig, "PretrainTask", "register_encoder", "encoder",
         "Pretrain a ViT with ROPIM on Ray Train; register it.", "pretrain an encoder and register it in MLflow",
-        config_artifact="config/pretrain.yaml", resume=True),
+        config_artifact="config/pretrain.yaml"),
     Job(FinetuneConfig, "FinetuneTask", "register_classifier", "classifier",
         f"Fine-tune a classifier from an encoder ({REGISTERS}) on Ray Train (num_workers=0: in this process); "
         "register it as ropim-classifier.", "fine-tune from an encoder URI and report top-1 / top-5",
@@ -124,8 +123,6 @@ class Prepared:
     def resume_hint(self) -> str:
         """The command that continues this run."""
         cfg = self.cfg
-        if not self.job.resume:
-            return f"the same command, with --run_name {cfg.run_name}"
         default = cfg.storage_path == resolve_path("ray_results")
         return f"ropim {self.job.name} --resume {cfg.run_name}" + ("" if default else
                                                                      f" --storage_path {cfg.storage_path}")
@@ -145,14 +142,37 @@ def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
         check_models([given.encoder], "encoder", tracking, cfg.check_encoder)
     cfg.check_data()
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg.run_prefix))
+    check_stored_run(job_of(cfg), cfg)
     return Prepared(job_of(cfg), cfg, tracking)
+
+
+def check_stored_run(job: Job, cfg: JobConfig) -> None:
+    """A run stored under the same name is one of ``job``'s, and its checkpoints are where this config trains: Ray
+    Train workers continue Ray Train's checkpoints, the in-process loop (``num_workers`` 0) its own. ConfigError
+    naming the run and the fix otherwise (a finished run is reported, whatever its workers)."""
+    from ropim.tracking.run_meta import checkpoint_histories, read_run_meta
+
+    meta = read_run_meta(cfg.storage_path, cfg.run_name)
+    if meta is None:
+        return
+    where = f"run_name={cfg.run_name!r} under {cfg.storage_path}"
+    check_owner(job, meta, where)
+    if "checkpoint" in meta:  # finished: reported, not trained
+        return
+    on_ray, in_process = checkpoint_histories(cfg.storage_path, cfg.run_name)
+    if cfg.num_workers == 0 and on_ray and not in_process:
+        raise ConfigError(f"num_workers=0: {where} was trained on Ray Train workers, whose checkpoints only Ray Train "
+                          "continues; give --num_workers 1 or more (or a new --run_name)")
+    if cfg.num_workers > 0 and in_process and not on_ray:
+        raise ConfigError(f"num_workers={cfg.num_workers}: {where} was trained in this process (num_workers=0), whose "
+                          "checkpoints only the in-process loop continues; give --num_workers 0 (or a new --run_name)")
 
 
 def resume_config(job: Job, run_name: str, storage_path: str = "ray_results", **resumable) -> JobConfig:
     """The stored config of ``job``'s run ``run_name``, trained to the end, with resumable fields replaced by
     ``resumable``."""
     from ropim.checks import check_location
-    from ropim.tracking.runs import read_run_meta
+    from ropim.tracking.run_meta import read_run_meta
 
     unknown = set(resumable) - set(job.config.RESUMABLE)
     if unknown:
@@ -161,7 +181,17 @@ def resume_config(job: Job, run_name: str, storage_path: str = "ray_results", **
     meta = read_run_meta(storage_path, run_name)
     if meta is None:
         raise ConfigError(f"--resume {run_name}: no run of that name under storage_path={storage_path}")
+    check_owner(job, meta, f"--resume {run_name}: the run under storage_path={storage_path}")
     return dataclasses.replace(job.config.from_dict(meta["config"]), **{"stop_after_epochs": None, **resumable})
+
+
+def check_owner(job: Job, meta: dict, where: str) -> None:
+    """ConfigError unless the run ``where`` names (its stored ``meta``) is one of ``job``'s."""
+    stored = set(meta.get("config", {}))
+    if not stored <= {f.name for f in dataclasses.fields(job.config)}:
+        owner = next((j.name for j in JOBS.values() if stored <= {f.name for f in dataclasses.fields(j.config)}), "")
+        raise ConfigError(f"{where} is {f'a {owner} run' if owner else 'not a run of ropim'}, not a {job.name} "
+                          f"run; give this {job.name} another --run_name")
 
 
 def field_value(cfg: object, name: str) -> object:

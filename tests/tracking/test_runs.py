@@ -33,8 +33,10 @@ def test_named_run_is_created_continued_refused_and_reported(workdir):
         run.save(outcome="done")
     assert status(first) == "FINISHED" and read_run_meta("runs", "a")["outcome"] == "done"
 
-    with pytest.raises(ConfigError, match=r"already exists .* different config \(epochs\)"):
-        open_run(experiment="t", name="a", config={**cfg, "epochs": 4}, storage_path="runs")
+    with pytest.raises(ConfigError, match=r"already exists .* different config \(epochs\); continue it as stored "
+                                          r"with `ropim t --resume a`, or give this one a new name"):
+        open_run(experiment="t", name="a", config={**cfg, "epochs": 4}, storage_path="runs",
+                 resume="ropim t --resume a")
     with open_run(experiment="t", name="a", config=cfg, storage_path="runs") as again:
         assert again.finished and again.meta["outcome"] == "done"
     assert status(first) == "FINISHED"  # reporting a finished run leaves it as it was
@@ -142,3 +144,12 @@ def test_a_model_reference_is_parsed_once_into_its_parts():
     assert (run.run_id, run.path, run.in_store) == ("0a1b", "encoder", True)
     for other in ("runs/encoder", "s3://bucket/encoder", "~/encoder"):
         assert not ModelRef.parse(other).in_store and ModelRef.parse(other).run_id == ""
+
+
+def test_a_run_tracked_in_another_store_is_refused_in_one_line(workdir, monkeypatch, tmp_path):
+    with open_run(experiment="t", name="elsewhere", config={"epochs": 1}, storage_path="runs"):
+        pass
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")  # another folder's store
+    with pytest.raises(ConfigError, match=r"run 'elsewhere' under runs is MLflow run [0-9a-f]{32}, which the "
+                                          r"tracking store sqlite:///.*other\.db does not hold: run the command where"):
+        open_run(experiment="t", name="elsewhere", config={"epochs": 1}, storage_path="runs")
