@@ -10,10 +10,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ropim.errors import ConfigError
 from ropim.flows.config import TransferConfig
 from ropim.flows.probe import probe
 from ropim.tracking import store
@@ -25,9 +27,34 @@ from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.job import dataset_name
 from ropim.train.runtime import ray_session
 
+RESULTS = ("transfer.csv", "transfer.md", "transfer.json")  # written in ``out`` once every cell has run
+
+
+def check_out(out: str) -> None:
+    """``--out`` is a folder the table can be written to, or one that can be created (nothing is created here);
+    ConfigError naming it otherwise, so that the results of hours of cells are not lost at the end."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out!r} is a file, not a folder; give a folder for the results table, or move "
+                          "the file")
+    taken = [name for name in RESULTS if (path / name).is_dir()]
+    if taken:
+        raise ConfigError(f"--out {out!r} holds a folder named {taken[0]}, where the table is written; move it or "
+                          "give another --out")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out!r} cannot be created: {parent} is a file; give a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        what = "folder is" if parent == path else f"folder cannot be created in {parent}:"
+        raise ConfigError(f"--out {out!r}: the {what} not writable; give a folder you can write to")
+
 
 def preflight(cfg: TransferConfig) -> None:
-    """Resolve every encoder and check it against every data set (image size, channels) before any run."""
+    """Check ``--out``, resolve every encoder and check it against every data set (image size, channels) before
+    any run."""
+    check_out(cfg.out)
     tracking = tracking_uri()
     check_tracking(tracking)
     template = cfg.finetune if cfg.mode == "finetune" else cfg.probe

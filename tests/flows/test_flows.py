@@ -16,6 +16,7 @@ from support import encoder_folder, register_tiny_encoder
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.errors import ConfigError
 from ropim.flows import probe as probe_flow
+from ropim.flows import transfer as transfer_flow
 from ropim.flows.config import ProbeConfig, TransferConfig
 from ropim.flows.probe import probe
 from ropim.flows.transfer import transfer
@@ -114,3 +115,22 @@ def test_transfer_puts_segmentation_beside_classification(workdir, encoder):
     assert "linear-probe top-1 (%) and segmentation mIoU (%)" in (out / "transfer.md").read_text()
     with pytest.raises(ConfigError, match="crop_size=30"):  # checked before any cell runs
         transfer(TransferConfig(encoders=uri, segment_data="digits", segment=replace(seg, crop_size=30)))
+
+
+def test_transfer_checks_out_before_any_cell(workdir, encoder, monkeypatch):
+    """An --out that is a file, lies under a file, holds a folder where a table goes, or cannot be written is
+    refused in pre-flight, before any cell's run (not after every cell has run)."""
+    uri, _ = encoder
+    cells = []
+    monkeypatch.setattr(transfer_flow, "probe", lambda cell: cells.append(cell))
+    (workdir / "out-file").write_text("x")
+    (workdir / "out-taken" / "transfer.csv").mkdir(parents=True)
+    for out, match in ((workdir / "out-file", "is a file, not a folder"),
+                       (workdir / "out-file" / "sub", "cannot be created: .*out-file is a file"),
+                       (workdir / "out-taken", "holds a folder named transfer.csv")):
+        with pytest.raises(ConfigError, match=f"--out '{out}' {match}"):
+            transfer(TransferConfig(encoders=uri, data="digits", mode="probe", out=str(out)))
+    monkeypatch.setattr(transfer_flow.os, "access", lambda path, mode: False)
+    with pytest.raises(ConfigError, match="--out .*new/table': the folder cannot be created in .* not writable"):
+        transfer(TransferConfig(encoders=uri, data="digits", mode="probe", out=str(workdir / "new" / "table")))
+    assert cells == [] and not (workdir / "new").exists()
