@@ -228,6 +228,10 @@ def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, clust
 def check_encoder_input(uri: str, config: dict, img_size: int | None = None) -> None:
     """An encoder (its ``config.json``) fits the images a job gives it: RGB, as every data source decodes them, and
     ``img_size`` (None: its own) a multiple of its patch size. One error naming the encoder and the fix."""
+    missing = [k for k in ("arch", "img_size", "patch_size") if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ConfigError(f"encoder {uri}: its config.json lacks {', '.join(missing)}; it is not an encoder's config "
+                          "(copy or export the encoder again, with the config.json it was saved with)")
     chans = config.get("in_chans", config.get("timm_kwargs", {}).get("in_chans", 3))
     if chans != 3:
         raise ConfigError(f"encoder {uri} expects {chans}-channel images (in_chans={chans}), and every data source "

@@ -111,6 +111,10 @@ CASES = {  # id: (argv, what the one line must name)
     "missing alias": (("finetune", "--encoder", "models:/ropim-encoder@nope"), "no alias 'nope'"),
     "missing version": (("finetune", "--encoder", "models:/ropim-encoder/999"), "no such registered version"),
     "missing encoder folder": (("finetune", "--encoder", "no/such/encoder"), "no such local folder"),
+    "encoder files in two sub-folders": ((*FT[:-1], "split-encoder"),
+                                         "no encoder.safetensors + config.json in"),
+    "encoder config without its fields": (("probe", "--encoder", "empty-config-encoder"),
+                                          "its config.json lacks arch, img_size, patch_size"),
     "layer decay zero": ((*FT, "--layer_decay", "0"), "layer_decay=0"),
     "label smoothing above 1": ((*FT, "--label_smoothing", "1.5"), "label_smoothing=1.5"),
     "mixup negative": ((*FT, "--mixup", "-1"), "mixup=-1"),
@@ -232,6 +236,10 @@ def fixtures(tmp_path_factory) -> Path:
     weights = encoder_folder(work / "cut-encoder") / "encoder.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
     (encoder_folder(work / "bad-config-encoder") / "config.json").write_text('{"arch": "vit_tiny_patch16_224", ')
+    split = encoder_folder(work / "split-encoder" / "weights")  # the weights of one model, the config of another
+    (split.parent / "config").mkdir()
+    (split / "config.json").rename(split.parent / "config" / "config.json")
+    (encoder_folder(work / "empty-config-encoder") / "config.json").write_text("{}")
     wide = encoder_folder(work / "wide-config-encoder") / "config.json"  # ViT-S's config beside ViT-T's weights
     wide.write_text(wide.read_text().replace('"arch": "vit_tiny_patch16_224"', '"arch": "vit_small_patch16_224"'))
     write_registry(work)

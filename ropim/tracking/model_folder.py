@@ -52,15 +52,25 @@ def safetensors_problem(path: Path) -> str | None:
     return None if 8 + n + end == size else f"{size:,} bytes where its header promises {8 + n + end:,}"
 
 
+def holding(folder: Path, kind: str) -> Path | None:
+    """Where ``folder`` holds a ``kind``'s weights: in itself, or in ``artifacts/`` (an MLflow model's folder, as
+    downloaded or exported); None when neither does. Never deeper, so that the weights and the config beside them
+    are one model's."""
+    return next((f for f in (folder, folder / "artifacts") if (f / f"{kind}.safetensors").is_file()), None)
+
+
 def model_files(folder: Path, kind: str, model_uri: str) -> tuple[Path, Path]:
-    """(``<kind>.safetensors``, ``config.json``) in ``folder``, both whole: one error naming a file missing, cut short
-    or damaged."""
-    weights, cfg_file = next(folder.rglob(f"{kind}.safetensors"), None), next(folder.rglob("config.json"), None)
-    if weights is None or cfg_file is None:
-        other = next((k for k in MODEL_KINDS if k != kind and next(folder.rglob(f"{k}.safetensors"), None)), None)
-        if other is not None:
+    """(``<kind>.safetensors``, ``config.json``) side by side in ``folder`` (``holding``), both whole: one error naming
+    a file missing, cut short or damaged."""
+    found = holding(folder, kind)
+    if found is None or not (found / "config.json").is_file():
+        other = next((k for k in MODEL_KINDS if k != kind and holding(folder, k)), None)
+        if found is None and other is not None:
             raise wrong_kind(model_uri, kind, other)
-        raise FileNotFoundError(f"{kind} {model_uri}: no {kind}.safetensors + config.json found in {folder}")
+        where = f"{found}: {kind}.safetensors without config.json beside it" if found else \
+            f"no {kind}.safetensors + config.json in {folder} (or its artifacts/ folder)"
+        raise FileNotFoundError(f"{kind} {model_uri}: {where}; give the folder that holds both")
+    weights, cfg_file = found / f"{kind}.safetensors", found / "config.json"
     damaged, problem = weights, safetensors_problem(weights)
     if problem is None:
         try:

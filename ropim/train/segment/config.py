@@ -71,12 +71,12 @@ class SegmentConfig(TransferJob):
     def check_encoder(self, uri: str, config: dict) -> None:
         """The encoder (its ``config.json``) takes RGB images and its patch size divides the crop: one error naming
         both otherwise."""
+        super().check_encoder(uri, config)
         p = config["patch_size"]
         if self.crop_size % p:
             fix = max(p, self.crop_size - self.crop_size % p)
             raise ConfigError(f"crop_size={self.crop_size}: encoder {uri} has patch size {p}, which must divide the "
                               f"crop size (e.g. crop_size={fix})")
-        super().check_encoder(uri, config)
 
     def size(self, config: dict) -> str:
         return f" at {self.crop_size}px crops"
