@@ -145,8 +145,10 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
         try:
             return name, str(c.get_model_version_by_alias(name, alias).version)
         except mlflow.exceptions.MlflowException as err:
-            hint = (f"; a sweep moves {alias!r} to its best encoder of that shape: pretrain and sweep one, or give "
-                    f"--encoder models:/{name}/VERSION" if alias.startswith(f"{CHAMPION}-") else "")
+            hint = (f"; a sweep moves {alias!r} to its best encoder of that shape: pretrain and sweep one, or"
+                    if alias.startswith(f"{CHAMPION}-") else
+                    f"; `ropim sweep` sets {alias!r} on the best encoder it registers, or" if alias == CHAMPION else
+                    ";") + f" give --encoder models:/{name}/VERSION (`ropim models list --name {name}` lists them)"
             raise LookupError(f"encoder {model_uri}: no alias {alias!r} on model {name!r} ({err.message}){hint}") \
                 from None
     try:
