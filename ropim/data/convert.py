@@ -10,12 +10,13 @@ that rule once converted). Encoded files (ImageFolder, folder pairs, Parquet) ke
 
 Nothing is lost: the destination may not be the source, inside it or around it; ``DST/ropim_convert.json`` records
 the plan (source, settings, every shard) before the first shard is written; a destination holding another plan, or
-files convert did not write, is refused — convert deletes nothing but its own temporary files. Bounded memory and
-restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the split's order (a seeded shuffle of the items, or the
-source order for Parquet sources), written to a hidden temporary name and renamed when complete, so re-running the
-same command keeps every complete shard and writes the rest. An image that does not decode follows
-``on_bad_image`` (dropped and counted, or the run stops); a source item that cannot be read at all (the source
-changed or vanished) stops the run with an error, never counted as a bad image.
+files convert did not write, is refused — convert deletes nothing but its own temporary files (and a destination it
+created whose shards hold no row). Bounded memory and restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the
+split's order (a seeded shuffle of the items, or the source order for Parquet sources), written to a hidden temporary
+name and renamed when complete, so re-running the same command keeps every complete shard and writes the rest. An
+image that does not decode follows ``on_bad_image`` (dropped and counted, or the run stops); a source item that
+cannot be read at all (the source changed or vanished) stops the run with an error, never counted as a bad image. A
+split none of whose items decodes is an error naming the source, not an empty data set.
 """
 
 from __future__ import annotations
@@ -176,11 +177,44 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     created = fs.get_file_info(root).type == pafs.FileType.NotFound
     fs.create_dir(root, recursive=True)
     try:
-        return write_all(src, lists, fs, root, dst, shard_size, shuffle and src.format != "parquet", seed, progress)
+        report = write_all(src, lists, fs, root, dst, shard_size, shuffle and src.format != "parquet", seed, progress)
     except BaseException:
-        if created and not any(i.base_name.endswith(".parquet") for i in fs.get_file_info(pafs.FileSelector(root))):
-            fs.delete_dir(root)  # nothing whole was written: leave no trace of this run (only it wrote there)
+        remove_if_empty(fs, root, created)
         raise
+    empty = [split for split, n in report.images.items() if not n]
+    if empty:
+        raise none_converted(src, len(lists[empty[0]]), empty[0], report, remove_if_empty(fs, root, created))
+    return report
+
+
+def holds_rows(fs, root: str) -> bool:
+    """Whether a shard in ``root`` holds a row (True when one cannot be read: then nothing is removed)."""
+    try:
+        return any(pq.read_metadata(i.path, filesystem=fs).num_rows for i in fs.get_file_info(pafs.FileSelector(root))
+                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   and not i.base_name.startswith("."))
+    except (OSError, pa.ArrowException):
+        return True
+
+
+def remove_if_empty(fs, root: str, created: bool) -> bool:
+    """Remove the destination when this run created it (only it wrote there) and no shard in it holds a row:
+    nothing usable was written, so no trace is left. Whether it was removed."""
+    if not created or holds_rows(fs, root):
+        return False
+    fs.delete_dir(root)
+    return True
+
+
+def none_converted(src: Source, n: int, split: str, report: ConvertReport, removed: bool) -> ConfigError:
+    """The one error for a conversion that left a split without a row: none of its ``n`` items decodes."""
+    noun = "pairs" if src.cfg.TASK != CLASSIFY else "images"
+    what = f"the {n} {noun} of its {split} split" if src.own_split else f"its {n} {noun}"
+    example = f" (e.g. {report.bad_paths[0]})" if report.bad_paths else ""
+    left = "" if removed else f" ({report.dst} keeps the shards written, which readers refuse: delete it first)"
+    return ConfigError(f"data source {src.location!r}: none of {what} decodes{example}, so no data set was "
+                       f"written{left}; replace or remove the bad files (JPEG, PNG, WebP, BMP or GIF images) and "
+                       "convert again")
 
 
 def check_request(dst: str, shard_size: int) -> None:

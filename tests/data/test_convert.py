@@ -149,3 +149,39 @@ def test_source_that_vanishes_mid_run_is_an_error_not_bad_images(folder, tmp_pat
     with pytest.raises(ConfigError, match="cannot be read .* the source changed or vanished"):
         convert(DataConfig(str(images)), str(tmp_path / "out"), shard_size=100, progress=False)
     assert not (tmp_path / "out").exists()  # nothing whole was written, and the run leaves no trace
+
+
+def test_convert_refuses_a_source_none_of_whose_images_decodes(tmp_path):
+    """No image decodes: one line naming the source, a non-zero exit, and no empty data set left behind (a folder
+    the run created is removed; one that was there keeps the empty shards, which readers refuse)."""
+    src = tmp_path / "allbad"
+    for rel, text in (("a/1.png", "x"), ("b/2.jpg", "y")):
+        (src / rel).parent.mkdir(parents=True)
+        (src / rel).write_text(text)
+    with pytest.raises(SystemExit, match=f"ropim data convert: data source '{src}': none of its 2 images decodes "
+                                         r"\(e.g. a/1.png\), so no data set was written; replace"):
+        cli_main(["data", "convert", str(src), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "there").mkdir()
+    with pytest.raises(ConfigError, match="none of its 2 images .* keeps the shards written, which readers refuse"):
+        convert(DataConfig(str(src)), str(tmp_path / "there"), progress=False)
+    with pytest.raises(ConfigError, match="no rows; the data set is empty"):
+        open_source(DataConfig(str(tmp_path / "there")))
+
+
+def test_convert_refuses_a_split_none_of_whose_images_decodes(folder, tmp_path):
+    """A source with its own split whose val images all fail: refused naming the split; the train shards stay, and
+    the converted set, whose val split is empty, is refused by readers."""
+    images, good, _ = folder
+    src = tmp_path / "split"
+    for rel in good:
+        (src / "train" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / "train" / rel).write_bytes((images / rel).read_bytes())
+    for rel in ("cat/v.png", "dog/v.jpg"):
+        (src / "val" / rel).parent.mkdir(parents=True)
+        (src / "val" / rel).write_text("not an image")
+    with pytest.raises(ConfigError, match=f"data source '{src}': none of the 2 images of its val split decodes"):
+        convert(DataConfig(str(src)), str(tmp_path / "out"), progress=False)
+    assert pq.read_metadata(tmp_path / "out" / "train-00000.parquet").num_rows == len(good)
+    with pytest.raises(ConfigError, match="split 'val' is empty"):
+        open_source(DataConfig(str(tmp_path / "out"))).split("val")
