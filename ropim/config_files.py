@@ -7,9 +7,9 @@
   one line that names the file (jsonargparse would print a traceback, or the content without the file).
 
 ``parser_mode()`` registers the loader with jsonargparse's public ``set_loader`` (when a parser is built, never at
-import) and returns the mode name to give ``ArgumentParser(parser_mode=...)``. Values typed on the command line
-go through jsonargparse's loader unchanged; only whole files (the loader is given their ``path``) get the checks.
-"""
+import) and returns the mode name to give ``ArgumentParser(parser_mode=...)``. Files given to a nested config's
+flag (``--model FILE``, ``ropim transfer --finetune FILE``) reach the loader without their path: an empty one is
+``{}`` and a key twice is refused there too, without the file's name."""
 
 from __future__ import annotations
 
@@ -67,8 +67,13 @@ def load(stream: str, path: str | os.PathLike = ""):
     import yaml
     from jsonargparse import get_loader
 
-    if not path:
-        return get_loader("yaml")(stream)
+    if not path:  # a value typed, or a file given to a flag of a nested config (jsonargparse passes no path)
+        twice = duplicate_key(stream)
+        if twice:
+            key, first, second = twice
+            raise ConfigError(f"a config file given to a flag: key {key!r} is given twice (lines {first} and "
+                              f"{second}); keep one")
+        return {} if not stream.strip() else get_loader("yaml")(stream)  # only a file's content can be blank
     where = f"config file {os.fspath(path)}"
     twice = duplicate_key(stream)
     if twice:

@@ -164,3 +164,15 @@ def test_a_key_given_twice_in_a_config_file_is_refused_naming_it_and_its_lines(t
         load("digits_demo", "--config", str(tmp_path / "twice.yaml"))
     (tmp_path / "lists.yaml").write_text("epochs: 2\nmodel:\n  rho: 0.2\nseed: 1\n")  # the same name, other mappings
     assert load("digits_demo", "--config", str(tmp_path / "lists.yaml")).model.rho == 0.2
+
+
+def test_a_file_given_to_a_nested_config_flag_follows_the_same_rules(tmp_path):
+    from ropim.errors import ConfigError
+
+    (tmp_path / "model.yaml").write_text("rho: 0.2\nrho: 0.3\n")  # --model FILE: jsonargparse gives no path
+    with pytest.raises(ConfigError, match=r"key 'rho' is given twice \(lines 1 and 2\); keep one"):
+        load("digits_demo", "--model", str(tmp_path / "model.yaml"))
+    (tmp_path / "data.yaml").write_text("")
+    assert load("digits_demo", "--data", str(tmp_path / "data.yaml")) == load("digits_demo")
+    (tmp_path / "data.yaml").write_text("val_fraction: 0.3\n")
+    assert load("digits_demo", "--data", str(tmp_path / "data.yaml")).data.val_fraction == 0.3
