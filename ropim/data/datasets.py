@@ -61,6 +61,8 @@ class ImageListDataset(Dataset):
                 continue
             try:
                 img = decode_rgb(self.images.load(j), self.bad.max_pixels)
+            except ConfigError:  # a shard that cannot be read is the data set's fault, not one image's
+                raise
             except Exception as err:  # noqa: BLE001 — any read/decode failure makes the image bad
                 self.bad_idx.add(j)
                 self.bad.add(self.paths[j], err)

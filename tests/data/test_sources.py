@@ -266,3 +266,22 @@ def test_preflight_sample_reads_one_row_group_of_the_first_shard(tmp_path):
     assert [p for p, _ in images.head(8)] == [p for p in images.paths if p.startswith("0/")]
     with pytest.raises(ConfigError, match=r"groups'?: none of the first \d images of the training split decodes"):
         check_batch_fits(cfg, {"batch_size": 1})
+
+
+def test_a_shard_damaged_inside_stops_training_naming_it_instead_of_skipping_its_images(tmp_path):
+    for k in range(2):
+        rows = [(encode(Image.fromarray(pixels(8, 8, i)), "PNG"), i % 2, f"s{k}/img{i}.png") for i in range(40)]
+        write_parquet(tmp_path / f"train-{k:05d}.parquet", rows, classes=["a", "b"])
+    damaged = tmp_path / "train-00001.parquet"
+    image = pq.ParquetFile(damaged).metadata.row_group(0).column(0)  # the image column's pages
+    start, size = image.dictionary_page_offset or image.data_page_offset, image.total_compressed_size
+    data = bytearray(damaged.read_bytes())
+    data[start:start + size] = bytes(size)  # zeroed, as a disk fault might; the labels and the footer stay whole
+    damaged.write_bytes(bytes(data))
+    ds = build_dataset(DataConfig(str(tmp_path), val_fraction=0.2), "train", eval_transform(16))
+    assert ds[ds.paths.index(next(p for p in ds.paths if p.startswith("s0/")))] is not None  # a whole shard's
+    with pytest.raises(ConfigError, match=r"train-00001\.parquet cannot be read as Parquet .*delete it and run the "
+                                          r"same `ropim data convert` again"):
+        for i in range(len(ds)):
+            ds[i]
+    assert ds.bad.count == 0  # not counted as bad images: the run stops on the damaged file

@@ -50,8 +50,8 @@ def unreadable(location: str, file: str, err: Exception) -> ConfigError:
     """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
     why = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return ConfigError(f"data source {location!r}: {file} cannot be read as Parquet ({why}); it is cut short or not "
-                       "a Parquet file: write it again (`ropim data convert` rewrites a shard that is missing) or move "
-                       "it out of the data set")
+                       "a Parquet file: delete it and run the same `ropim data convert` again (it writes the shards "
+                       "that are missing), or move it out of the data set")
 
 
 def hidden(relpath: str) -> bool:
