@@ -285,3 +285,26 @@ def test_a_shard_damaged_inside_stops_training_naming_it_instead_of_skipping_its
         for i in range(len(ds)):
             ds[i]
     assert ds.bad.count == 0  # not counted as bad images: the run stops on the damaged file
+
+
+def test_hugging_face_parquet_images_and_class_labels_are_read(tmp_path):
+    """A Hugging Face ``datasets`` export: ``image`` a struct of bytes and path, the class names a ClassLabel's."""
+    images = [encode(Image.fromarray(pixels(8, 8, i)), "PNG") for i in range(30)]
+    column = pa.array([{"bytes": b, "path": f"{i}.png"} for i, b in enumerate(images)],
+                      pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    features = {"image": {"_type": "Image"}, "label": {"names": ["cat", "dog", "fox"], "_type": "ClassLabel"}}
+    table = pa.table({"image": column, "label": pa.array([i % 3 for i in range(30)], pa.int64())})
+    (tmp_path / "data").mkdir()
+    for split, rows in (("train", slice(0, 24)), ("validation", slice(24, 30))):
+        pq.write_table(table.slice(rows.start, rows.stop - rows.start).replace_schema_metadata(
+            {b"huggingface": json.dumps({"info": {"features": features}}).encode()}),
+            tmp_path / "data" / f"{split}-00000-of-00001.parquet")
+    src = open_source(DataConfig(str(tmp_path / "data")))
+    assert src.own_split and src.classes == ["cat", "dog", "fox"]
+    assert len(src.split("train")) == 24 and len(src.split("val")) == 6
+    ds = build_dataset(DataConfig(str(tmp_path / "data")), "val")
+    assert [np.asarray(ds[i][0]).tolist() for i in range(6)] == [pixels(8, 8, i).tolist() for i in range(24, 30)]
+    assert ds.bad.count == 0
+    pq.write_table(pa.table({"image": pa.array([1, 2]), "label": pa.array([0, 1])}), tmp_path / "ints.parquet")
+    with pytest.raises(ConfigError, match=r"ints\.parquet's image column holds int64, not encoded images"):
+        DataConfig(str(tmp_path / "ints.parquet")).validate()

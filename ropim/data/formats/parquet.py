@@ -1,9 +1,11 @@
 """Parquet shards, local or at any URI pyarrow's filesystems read (``s3://…``, ``gs://…``, ``hdfs://…``): a folder
 (searched recursively), a glob or one file. Classification shards hold an encoded ``image``, an int ``label`` and
 optionally ``path``; segmentation shards ``image``, ``mask`` (PNG) and ``path`` (``ropim data convert --task
-segment``). Files named ``train-*`` / ``val-*`` (or in ``train/`` / ``val/``) are the split. Class names: the schema
-metadata ``classes`` (JSON list), else ``classes.json`` beside the shards, else ``"0"…"K-1"`` (segmentation:
-``data.num_classes``). Every footer is read through ``ropim.data.footers``. No torch, no Ray, no MLflow."""
+segment``); an ``image`` (or ``mask``) may also be a Hugging Face ``Image`` feature (a struct of ``bytes`` and
+``path``). Files named ``train-*`` / ``val-*`` / ``validation-*`` (or in ``train/`` / ``val/``) are the split. Class
+names: the schema metadata ``classes`` (JSON list) or a Hugging Face ``ClassLabel``'s names, else ``classes.json``
+beside the shards, else ``"0"…"K-1"`` (segmentation: ``data.num_classes``). Every footer is read through
+``ropim.data.footers``. No torch, no Ray, no MLflow."""
 
 from __future__ import annotations
 
@@ -80,6 +82,11 @@ def parquet_files(location: str) -> tuple[pafs.FileSystem, list[str]]:
     return fs, sorted(files)
 
 
+def encoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The encoded images of an ``image`` / ``mask`` column: itself, or a Hugging Face ``Image`` struct's ``bytes``."""
+    return pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+
+
 def split_of(file: str) -> str | None:
     """'train' / 'val' from a shard's name (``train-00000.parquet``) or folder (``val/part-0.parquet``)."""
     parent, name = posixpath.split(file)
@@ -115,6 +122,12 @@ def check(cfg: DataConfig) -> None:
         task = " --task segment" if cfg.TASK == SEGMENT else ""
         raise ConfigError(f"data source {cfg.source!r}: {files[0]} has no {' / '.join(missing)} column "
                           f"(columns: {', '.join(schema.names)}); write shards with `ropim data convert SRC DST{task}`")
+    kind = schema.field("image").type
+    kind = kind.field("bytes").type if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0 else kind
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+        raise ConfigError(f"data source {cfg.source!r}: {files[0]}'s image column holds {schema.field('image').type}, "
+                          "not encoded images (binary, or a Hugging Face Image struct of bytes and path): rewrite the "
+                          "shards with `ropim data convert`")
     if cfg.TASK == CLASSIFY and not pa.types.is_integer(schema.field("label").type):
         raise ConfigError(f"data source {cfg.source!r}: {files[0]}'s label column holds {schema.field('label').type}, "
                           "not integers; labels are class indices 0..K-1 (class names go in the schema metadata or "
@@ -137,7 +150,7 @@ class ParquetList(ImageList):
 
     def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
         try:
-            return footers.read_columns(self.fs, self.files[f], [name], **kwargs)[name]
+            return encoded(footers.read_columns(self.fs, self.files[f], [name], **kwargs)[name])
         except ERRORS as err:
             raise unreadable(self.files[f], self.files[f], err) from None
 
@@ -176,8 +189,8 @@ class ParquetSegList(SegList):
     def raw(self, i: int) -> tuple[bytes, bytes]:
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         if self.cache is None or self.cache[0] != f:
-            table = footers.read_columns(self.fs, self.files[f], ["image", "mask"])
-            self.cache = (f, table.take(self.rows[f]).to_pydict())
+            table = footers.read_columns(self.fs, self.files[f], ["image", "mask"]).take(self.rows[f])
+            self.cache = (f, {c: encoded(table[c]).to_pylist() for c in ("image", "mask")})
         j = i - int(self.offsets[f])
         return self.cache[1]["image"][j], self.cache[1]["mask"][j]
 
@@ -191,6 +204,9 @@ def classes_of(cfg: DataConfig, fs, files: list[str]) -> list[str]:
     meta = footers.schema(fs, files[0]).metadata or {}
     if b"classes" in meta:
         return class_names(json.loads(meta[b"classes"]), f"{files[0]}'s schema metadata")
+    label = json.loads(meta.get(b"huggingface", b"{}")).get("info", {}).get("features", {}).get("label", {})
+    if label.get("_type") == "ClassLabel" and label.get("names"):
+        return class_names(label["names"], f"{files[0]}'s Hugging Face features")
     for folder in dict.fromkeys(posixpath.dirname(f) for f in files[:1] + files[-1:]):
         for d in (folder, posixpath.dirname(folder)):
             p = posixpath.join(d, "classes.json")
@@ -258,7 +274,7 @@ class ParquetSource(Source):
         if keep_val is not None:
             keys = list(pth)
             if any(k is None for k in keys):  # no path: hash the image bytes
-                img = footers.read_columns(self.fs, f, ["image"])["image"].to_pylist()
+                img = encoded(footers.read_columns(self.fs, f, ["image"])["image"]).to_pylist()
                 keys = [k if k is not None else b for k, b in zip(keys, img, strict=True)]
             idx = idx[in_val(keys, self.cfg.split_seed, self.cfg.val_fraction) == keep_val]
         return lab, pth, idx
