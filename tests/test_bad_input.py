@@ -130,6 +130,8 @@ CASES = {  # id: (argv, what the one line must name)
                                            "global_batch_size=2: 1 image per worker micro batch"),
     "segment mask size differs": ((*SEG, "--data.source", "segsize"), "p1.png: mask is 5x5 but the image is 16x12"),
     "segment label out of range": ((*SEG, "--data.source", "seglabel"), "mask holds label 7, outside the 3 classes"),
+    "folder pair given to pretraining": ((*PRE, "--data.source", "segsize"),
+                                         "holds images/ and masks/: a segmentation folder pair"),
     "segment image without mask": ((*SEG, "--data.source", "segnomask"), "extra.png has no mask in"),
     "segment mask without image": ((*SEG, "--data.source", "segnoimage"), "orphan.png has no image in"),
     "segment patch does not divide crop": (("segment", "--preset", "digits_seg", "--encoder", "enc8", "--crop_size",

@@ -60,6 +60,9 @@ def test_overrides_apply_in_order():
         (["--model.backbone", "swin"], "backbone='swin'"),
         (["--model.init", "official"], "model.init='official'"),
         (["--global_batch_size", "10", "--num_workers", "3"], "not divisible by num_workers=3"),
+        (["--global_batch_size", "64", "--num_workers", "0", "--accum_steps", "3"],
+         "global_batch_size=64 is not divisible by accum_steps=3"),  # no worker count of 0 in the product
+        (["--min_lr", "1"], "min_lr=1.0 is above the peak learning rate"),
         (["--preset", "nope"], "unknown --preset 'nope'"),
     ],
 )

@@ -99,8 +99,11 @@ def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
             stored = json.loads(f.read().decode())
         if stored != plan:
             changed = sorted(k for k in set(stored) | set(plan) if stored.get(k) != plan.get(k))
-            raise ConfigError(f"convert destination {dst!r} holds a conversion with other settings "
-                              f"({', '.join(changed)}); re-run it with those, or give an empty folder")
+            why = {"shards": "its shards (the source's images changed since, or --shard-size / --shuffle / --seed "
+                             "differ)", "classes": "its classes (the source's changed since)"}
+            raise ConfigError(f"convert destination {dst!r} holds a conversion with other settings: "
+                              f"{', '.join(why.get(k, f'its {k}') for k in changed)}; re-run the command that wrote "
+                              "it, or give an empty folder")
     for info in fs.get_file_info(pafs.FileSelector(root)):
         name = info.base_name
         if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):

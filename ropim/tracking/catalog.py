@@ -56,7 +56,8 @@ def list_versions(name: str, uri: str | None = None) -> str:
 
 
 def runs_from(mv: ModelVersion, experiment: str, metric: str, label: str, uri: str | None = None) -> list[str]:
-    """The runs of ``experiment`` that started from registered version ``mv``, with their ``metric``."""
+    """The runs of ``experiment`` that started from registered version ``mv``, with their ``metric`` (the from-scratch
+    baselines, which took only its architecture, left out)."""
     c = client(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -64,7 +65,7 @@ def runs_from(mv: ModelVersion, experiment: str, metric: str, label: str, uri: s
     found = c.search_runs([exp.experiment_id], filter_string=f"tags.`ropim.encoder_name` = '{mv.name}' and "
                                                              f"tags.`ropim.encoder_version` = '{mv.version}'")
     return [f"{r.info.run_name} ({r.info.run_id[:8]}, {label} {r.data.metrics.get(metric, float('nan')):.2f})"
-            for r in found]
+            for r in found if not r.data.tags.get("ropim.kind", "").endswith("random-init")]
 
 
 def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:

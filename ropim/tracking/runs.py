@@ -31,10 +31,17 @@ from ropim.tracking.signals import STOP
 from ropim.tracking.store import client, create_run, end_run, log_text, tracking_uri
 
 
-def changed_fields(stored: dict, wanted: dict, resumable: tuple[str, ...] = ()) -> list[str]:
-    """Top-level fields whose values differ between two configs, ignoring ``resumable`` ones."""
-    keys = (set(stored) | set(wanted)) - set(resumable)
-    return sorted(k for k in keys if stored.get(k) != wanted.get(k))
+def changed_fields(stored: dict, wanted: dict, resumable: tuple[str, ...] = (), prefix: str = "") -> list[str]:
+    """The fields whose values differ between two configs, dotted inside nested ones (``model.rho``), ignoring the
+    top-level ``resumable`` ones."""
+    changed = []
+    for k in sorted((set(stored) | set(wanted)) - set(resumable)):
+        old, new = stored.get(k), wanted.get(k)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += changed_fields(old, new, (), f"{prefix}{k}.")
+        elif old != new:
+            changed.append(prefix + k)
+    return changed
 
 
 @dataclass
@@ -76,8 +83,9 @@ class Run:
             if stopped and (self.recorded or self.finished):  # the signal came once the outcome was recorded
                 if not self.finished:
                     end_run(self.run_id, self.outcome, self.tracking_uri)
+                kept = f", registered {self.meta['model_uri']}" if self.meta.get("model_uri") else ""
                 print(f"[run] {self.name} stopped by {STOP.name(exc)} once its outcome was recorded: MLflow run "
-                      f"{self.run_id} {self.outcome}", file=sys.stderr, flush=True)
+                      f"{self.run_id} {self.outcome}{kept}", file=sys.stderr, flush=True)
             elif stopped:  # a stop signal, or an error a library made of it
                 end_run(self.run_id, "KILLED", self.tracking_uri)
                 how = f"; continue with: {self.resume}" if self.resume else ""

@@ -193,8 +193,12 @@ class JobConfig:
         check_mlflow_names(self.experiment, self.registered_model)
         workers = max(1, self.num_workers)
         if self.batch % (workers * self.accum):
-            raise ConfigError(f"{self.BATCH}={self.batch} is not divisible by num_workers={self.num_workers}"
-                              + (f" × accum_steps={self.accum}" if hasattr(self, "accum_steps") else ""))
+            parts = [f"num_workers={self.num_workers}"] * bool(self.num_workers) + \
+                [f"accum_steps={self.accum}"] * hasattr(self, "accum_steps")
+            raise ConfigError(f"{self.BATCH}={self.batch} is not divisible by {' × '.join(parts)}")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr={self.min_lr} is above the peak learning rate {self.lr:.3g}: the schedule would "
+                              "rise, not decay; lower min_lr (or raise the learning rate)")
         if self.precision == "fp16" and not self.use_gpu:
             raise ConfigError("precision='fp16' needs use_gpu=true; use 'bf16' or 'fp32' on CPU")
         self.check_placement()

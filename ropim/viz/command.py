@@ -33,12 +33,13 @@ def model_config(d: dict) -> ModelConfig:
 def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
     """(ROPIM with encoder + decoder, the run's config dict) from a Ray Train checkpoint folder
     (``model.safetensors`` + ``config.json``, see ``ropim.train.save_checkpoint``) or from a run folder
-    holding ``checkpoint_*`` folders (the last one is used)."""
+    holding ``checkpoint_*`` folders, Ray Train's or the in-process loop's (the newest is used)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     if not (folder / "model.safetensors").exists():
-        found = sorted(folder.glob("checkpoint_*/model.safetensors"))
+        found = sorted([*folder.glob("checkpoint_*/model.safetensors"),
+                        *folder.glob("in_process/checkpoint_*/model.safetensors")], key=lambda p: p.stat().st_mtime)
         if not found:
             raise ConfigError(f"checkpoint={str(folder)!r}: no model.safetensors + config.json there or in its "
                               "checkpoint_* folders; pass a Ray Train checkpoint folder "
@@ -47,6 +48,10 @@ def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
     if not (folder / "config.json").exists():
         raise ConfigError(f"checkpoint={str(folder)!r}: config.json is missing beside model.safetensors")
     config = json.loads((folder / "config.json").read_text())
+    if "img_size" not in config.get("model", config):
+        raise ConfigError(f"checkpoint={str(folder)!r}: not a pretraining checkpoint (its config holds no model's "
+                          "image size); the reconstruction grid needs a pretraining run's checkpoint, or give "
+                          "--encoder for the projection columns")
     model = ROPIM(model_config(config.get("model", config)))
     load_weights(model, load_file(str(folder / "model.safetensors")), f"checkpoint {folder}")
     return model.eval(), config

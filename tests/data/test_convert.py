@@ -98,7 +98,8 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
     again = convert(cfg, str(dst), shard_size=3, progress=False)
     assert again.shards_written == 0 and again.shards_kept == 3
     before = {n: (dst / n).read_bytes() for n in os.listdir(dst)}
-    with pytest.raises(ConfigError, match="holds a conversion with other settings"):  # another plan: refused
+    with pytest.raises(ConfigError, match=r"holds a conversion with other settings: its shards \(the source's images "
+                                          r"changed since, or --shard-size"):  # another plan: refused
         convert(cfg, str(dst), shard_size=5, progress=False)
     assert {n: (dst / n).read_bytes() for n in os.listdir(dst)} == before  # nothing deleted or overwritten
 
@@ -185,3 +186,26 @@ def test_convert_refuses_a_split_none_of_whose_images_decodes(folder, tmp_path):
     assert pq.read_metadata(tmp_path / "out" / "train-00000.parquet").num_rows == len(good)
     with pytest.raises(ConfigError, match="split 'val' is empty"):
         open_source(DataConfig(str(tmp_path / "out"))).split("val")
+
+
+@pytest.mark.faults  # Ctrl+C sent to a running conversion
+def test_a_stopped_conversion_says_its_shards_are_kept_and_the_same_command_finishes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "ropim.cli", "data", "convert", "digits", "out", "--shard-size", "10"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "out").glob("train-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)  # 180 shards of 10: the first is written, most are not
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == ("ropim data convert: stopped by SIGINT; the shards written so far are "
+                                            "kept, and the same command writes the rest")
+    kept = len(list((tmp_path / "out").glob("*-*.parquet")))
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"kept {kept}" in done.stdout and kept >= 1

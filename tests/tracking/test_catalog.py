@@ -108,3 +108,15 @@ def test_a_version_stores_its_signature_and_no_input_example(two_versions):
     assert info.saved_input_example_info is None
     folder = mlflow.artifacts.download_artifacts("models:/ropim-encoder/1")
     assert not [p.name for p in Path(folder).rglob("*example*")]
+
+
+def test_lineage_lists_the_fine_tunes_of_a_version_not_the_random_init_baselines(two_versions):
+    from ropim.tracking.catalog import lineage
+
+    for kind, top1 in (("finetune", 90.0), ("random-init", 70.0)):
+        tags = {"ropim.kind": kind, "ropim.encoder_name": "ropim-encoder", "ropim.encoder_version": "1"}
+        run = store.create_run("ropim-finetune", f"ft-{kind}", {}, tags)
+        store.log_metrics(run, {"top1": top1}, 1)
+        store.end_run(run)
+    tunes = lineage(store.client().get_model_version("ropim-encoder", "1"))["fine-tunes"]
+    assert len(tunes) == 1 and tunes[0].startswith("ft-finetune (") and "top-1 90.00" in tunes[0]

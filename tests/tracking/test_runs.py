@@ -37,6 +37,8 @@ def test_named_run_is_created_continued_refused_and_reported(workdir):
                                           r"with `ropim t --resume a`, or give this one a new name"):
         open_run(experiment="t", name="a", config={**cfg, "epochs": 4}, storage_path="runs",
                  resume="ropim t --resume a")
+    with pytest.raises(ConfigError, match=r"different config \(model\.rho\)"):  # the field, not its section
+        open_run(experiment="t", name="a", config={**cfg, "model": {"rho": 0.5}}, storage_path="runs")
     with open_run(experiment="t", name="a", config=cfg, storage_path="runs") as again:
         assert again.finished and again.meta["outcome"] == "done"
     assert status(first) == "FINISHED"  # reporting a finished run leaves it as it was
@@ -131,6 +133,20 @@ def test_a_stop_signal_inside_a_run_ends_it_killed_and_says_how_to_continue(work
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert "sig stopped by SIGTERM" in said and said.endswith("continue with: ropim pretrain --resume sig")
     assert signal.getsignal(signal.SIGTERM) is before and not (workdir / "runs" / "sig" / ".lock").exists()
+
+
+def test_a_stop_once_the_outcome_is_recorded_names_what_was_registered(workdir, capsys):
+    import signal
+
+    with pytest.raises(KeyboardInterrupt), open_run(experiment="t", name="late", config={"a": 1},
+                                                    storage_path="runs") as run:
+        run.save(model_uri="models:/ropim-encoder/7")  # what the driver records once the version is registered
+        run.recorded = True
+        signal.raise_signal(signal.SIGTERM)
+    assert status(run.run_id) == "FINISHED"
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(f"once its outcome was recorded: MLflow run {run.run_id} FINISHED, registered "
+                         "models:/ropim-encoder/7")
 
 
 def test_a_model_reference_is_parsed_once_into_its_parts():

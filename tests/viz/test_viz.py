@@ -181,3 +181,15 @@ def test_figure5_rop_touches_more_tokens_than_masking():
     # the same holds on noise images (not a property of the digits)
     noise = token_errors(torch.randn(4, 3, 32, 32, generator=gen(2)), P, generator=gen(3)).summary()
     assert noise["rop_changed"] > noise["mask_changed"] == 4 * n_masked
+
+
+def test_a_fine_tune_checkpoint_is_refused_naming_what_the_grid_needs(tmp_path):
+    from ropim.viz.command import load_checkpoint_model
+
+    folder = tmp_path / "finetune-run" / "in_process" / "checkpoint_000001"  # an in-process fine-tune's checkpoint
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(1)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"encoder": "models:/ropim-encoder/1", "epochs": 1}))
+    with pytest.raises(ConfigError, match=r"finetune-run/in_process/checkpoint_000001'?: not a pretraining "
+                                          r"checkpoint .* or give --encoder"):
+        load_checkpoint_model(tmp_path / "finetune-run")  # the run folder: its in-process checkpoints are found

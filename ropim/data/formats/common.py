@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 CLASSIFY, SEGMENT = "classify", "segment"  # DataConfig.TASK, SegDataConfig.TASK
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+# the folders of a segmentation folder pair (``ropim.data.formats.pairs``; ADE20K's release: images/ + annotations/)
+IMAGE_DIRS, MASK_DIRS = ("images", "imgs", "img"), ("masks", "labels", "annotations")
 VAL_NAMES = ("val", "validation", "test")  # a folder or shard-name prefix that holds a source's own val split
 
 

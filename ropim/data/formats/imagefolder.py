@@ -7,7 +7,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import CLASSIFY, IMAGE_EXTENSIONS, VAL_NAMES, Source, is_image
+from ropim.data.formats.common import (
+    CLASSIFY,
+    IMAGE_DIRS,
+    IMAGE_EXTENSIONS,
+    MASK_DIRS,
+    VAL_NAMES,
+    Source,
+    is_image,
+)
 from ropim.data.lists import FileList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -68,6 +76,11 @@ def detect(path: str) -> bool:
 def check(cfg: DataConfig) -> None:
     """Every split folder holds a class folder with an image (stopping at the first: fast on large trees)."""
     path = resolve_path(cfg.source)
+    found = subdirs(path)
+    if len(found) == 2 and set(found) & set(IMAGE_DIRS) and set(found) & set(MASK_DIRS):
+        raise ConfigError(f"data source {cfg.source!r} holds {found[0]}/ and {found[1]}/: a segmentation folder pair "
+                          "(images and their label maps), not two classes; give it to `ropim segment`, or give a "
+                          "folder whose sub-folders are classes (e.g. one holding a link to its images/)")
     for folder in imagefolder_splits(path).values():
         if os.path.isdir(folder) and any(walk_images(os.path.join(folder, c), True, path) for c in subdirs(folder)):
             continue

@@ -10,7 +10,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import SEGMENT, Source, class_names, is_image
+from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Source, class_names, is_image
 from ropim.data.lists import FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 NAME = "pairs"
 TASKS = (SEGMENT,)
-IMAGE_DIRS, MASK_DIRS = ("images", "imgs", "img"), ("masks", "labels", "annotations")
 SPLIT_DIRS = {"train": ("training", "train"), "val": ("validation", "val")}
 
 
