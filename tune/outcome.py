@@ -169,6 +169,6 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
         print(f"[sweep] best: trial {best['trial']} (rho {best['rho']:.3f}, base_lr {best['base_lr']:.2e}, "
               f"epochs {best['epochs']}) {cfg.metric} {best[cfg.metric]:.2f}; MLflow run {best['mlflow_run']}")
     for alias, (moved, why) in decisions.items():
-        print(f"[sweep] alias {alias}: {'moved to ' + encoder_uri if moved else 'unchanged'} ({why})")
+        print(f"[sweep] alias {alias}: {'moved to' if moved else 'not moved to'} {encoder_uri} ({why})")
     print(f"[sweep] parent MLflow run {parent}; encoder {encoder_uri}; artifacts under sweep/", flush=True)
     return SweepResult(cfg.name, parent, True, rows, best, encoder_uri, decisions, table, files)

@@ -213,8 +213,8 @@ def resumed(job: Job, run_name: str, given: JobConfig, typed: set[str]) -> tuple
     if fixed:
         changed = ", ".join(f"{k}={field_value(now, k)!r} (stored {field_value(before, k)!r})" for k in fixed)
         raise ConfigError(f"--resume {run_name}: {changed} cannot change when continuing a run (only "
-                          f"{', '.join(job.config.RESUMABLE)} may); drop {' '.join('--' + k for k in fixed)}, or "
-                          "start a new run with another --run_name")
+                          f"{', '.join(job.config.RESUMABLE)} may); drop {' '.join('--' + k for k in fixed)} "
+                          "(or the --preset / --config that sets it), or start a new run with another --run_name")
     names = {k.split(".")[0] for k in typed} & set(job.config.RESUMABLE)
     changes = {k: (getattr(stored, k), getattr(given, k)) for k in sorted(names)
                if getattr(given, k) != getattr(stored, k)}
