@@ -78,7 +78,7 @@ def preflight(cfg, encoders: list[str] = (), check_encoder: Callable[[str, dict]
 
 def run_models(ns: Namespace) -> None:
     """``ropim models list|show``."""
-    from ropim.tracking.uri import check_model_in_store, check_tracking, tracking_uri
+    from ropim.tracking.uri import check_model_in_store, check_tracking, missing_sqlite_file, tracking_uri
 
     if ns.action is None:
         raise ConfigError("ropim models: choose list or show (see `ropim models --help`)")
@@ -86,6 +86,9 @@ def run_models(ns: Namespace) -> None:
     args = ns[ns.action]
     if ns.action == "show":
         check_model_in_store(args.uri, "encoder", tracking_uri())  # before MLflow is imported
+    elif missing_sqlite_file(tracking_uri()):  # looking would create an empty store here
+        raise ConfigError(f"no tracking store at {tracking_uri()}: nothing is registered here; run where your runs "
+                          "are (the folder holding mlflow.db) or set MLFLOW_TRACKING_URI to their store")
     from ropim.tracking import catalog
 
     print(catalog.list_versions(args.name) if ns.action == "list" else catalog.show(args.uri))

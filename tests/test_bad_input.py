@@ -108,6 +108,7 @@ CASES = {  # id: (argv, what the one line must name)
                                              "models:/ropim-classifier/1: this is a classifier, where encoder weights"),
     "logged classifier as the encoder": (("probe", "--encoder", "runs:/CLF_RUN/classifier"),
                                          "/classifier: this is a classifier, where encoder weights are expected"),
+    "models list where no store is": (("models", "list"), "no tracking store at sqlite:///"),
     "missing alias": (("finetune", "--encoder", "models:/ropim-encoder@nope"), "no alias 'nope'"),
     "missing version": (("finetune", "--encoder", "models:/ropim-encoder/999"), "no such registered version"),
     "missing encoder folder": (("finetune", "--encoder", "no/such/encoder"), "no such local folder"),
