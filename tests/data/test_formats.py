@@ -50,7 +50,8 @@ def test_a_forced_format_that_does_not_fit_names_what_it_expects(tmp_path):
         SegDataConfig(source=str(tmp_path / "pairs" / "classes.json")).validate()
     write_ade20k(tmp_path / "ade", n_train=2, n_val=1)
     assert check_source(SegDataConfig(source=str(tmp_path / "ade"))) == "ade20k"
-    assert check_source(DataConfig(source=str(tmp_path / "ade"))) == "imagefolder"  # no label maps asked for
+    with pytest.raises(ConfigError, match="holds annotations/ and images/: a segmentation folder pair"):
+        check_source(DataConfig(source=str(tmp_path / "ade")))  # its label maps are not a class of images
 
 
 def test_a_folder_pair_keeps_its_seeded_split_through_the_converter(tmp_path):
