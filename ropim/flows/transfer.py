@@ -140,11 +140,11 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
     seg_body = _table(seg_rows, cfg.encoder_list, seg_sets, "miou") if seg_sets else [None] * n
     body = [[(c or s)[0], *(c[1:] if c else []), *(s[1:-1] if s else [])]  # segmentation: no mean column
             for c, s in zip(cls_body, seg_body, strict=True)]
-    rows += seg_rows
     md = f"{metric}, val split\n\n" + format_markdown(header, body)
-    if cfg.mode == "probe" and datasets:
+    if cfg.mode == "probe" and datasets:  # the probe cells' rows: a segmentation row of the same data has no kNN
         md += f"\nkNN (k={cfg.probe.knn_k}) top-1 (%)\n\n" + format_markdown(
             ["encoder", *datasets, "mean"], _table(rows, cfg.encoder_list, datasets, "knn_top1"))
+    rows += seg_rows
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "transfer.csv", "md": out / "transfer.md", "json": out / "transfer.json"}

@@ -112,7 +112,10 @@ def test_transfer_puts_segmentation_beside_classification(workdir, encoder):
     rows = (out / "transfer.csv").read_text().strip().splitlines()
     assert rows[0] == "encoder,digits,mean,digits mIoU" and rows[1].startswith("ropim-encoder v1,")
     assert f"{res['rows'][1]['miou']:.2f}" == rows[1].split(",")[-1]
-    assert "linear-probe top-1 (%) and segmentation mIoU (%)" in (out / "transfer.md").read_text()
+    md = (out / "transfer.md").read_text()
+    assert "linear-probe top-1 (%) and segmentation mIoU (%)" in md
+    knn = md.split("kNN (k=20) top-1 (%)")[1]  # the probe's kNN, not blanked by the segmentation row of its data
+    assert f"| ropim-encoder v1 | {res['rows'][0]['knn_top1']:.2f} |" in knn and "—" not in knn
     with pytest.raises(ConfigError, match="crop_size=30"):  # checked before any cell runs
         transfer(TransferConfig(encoders=uri, segment_data="digits", segment=replace(seg, crop_size=30)))
 
