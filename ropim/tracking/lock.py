@@ -85,6 +85,22 @@ def in_use(name: str, storage_path: str, held: dict) -> RunInUse:
                     f"remove {storage_path}/{name}/{LOCK})")
 
 
+def check_free(storage_path: str, name: str) -> None:
+    """RunInUse when a live job holds run ``name``'s lock; only read (a job takes the lock as it opens the run), so
+    that the pre-flight says so before any other trouble with the run."""
+    fs, root = filesystem(storage_path)
+    path = f"{root}/{name}/{LOCK}"
+    if fs.get_file_info(path).type.name == "NotFound":
+        return
+    try:
+        with fs.open_input_stream(path) as f:
+            held = json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return  # vanished or half-written: as ``acquire`` judges it
+    if alive(held):
+        raise in_use(name, storage_path, held)
+
+
 def acquire_remote(storage_path: str, name: str) -> str:
     """The remote-storage lock: write, read back, keep only if still ours."""
     fs, root = filesystem(storage_path)

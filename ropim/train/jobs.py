@@ -150,11 +150,13 @@ def check_stored_run(job: Job, cfg: JobConfig) -> None:
     """A run stored under the same name is one of ``job``'s, and its checkpoints are where this config trains: Ray
     Train workers continue Ray Train's checkpoints, the in-process loop (``num_workers`` 0) its own. ConfigError
     naming the run and the fix otherwise (a finished run is reported, whatever its workers)."""
+    from ropim.tracking.lock import check_free
     from ropim.tracking.run_meta import checkpoint_histories, read_run_meta
 
     meta = read_run_meta(cfg.storage_path, cfg.run_name)
     if meta is None:
         return
+    check_free(cfg.storage_path, cfg.run_name)
     where = f"run_name={cfg.run_name!r} under {cfg.storage_path}"
     check_owner(job, meta, where)
     if "checkpoint" in meta:  # finished: reported, not trained
