@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ropim.errors import JobFailed
 from ropim.paths import is_uri
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
@@ -136,7 +137,13 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
         print(f"[sweep] {cfg.name} interrupted after {len(done)}/{cfg.n_trials} trials; continue with "
               f"`ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}`", flush=True)
         return SweepResult(cfg.name, parent, False, rows)
+    errors = sum(r["status"] == "error" for r in rows)
     scored = [r for r in rows if r[cfg.metric] is not None and r["checkpoint"]]
+    if errors and not scored:  # nothing to register: the sweep failed, and --resume runs its failed trials again
+        store.set_tags(parent, {"ropim.state": f"failed: {errors} of {len(rows)} trials failed, none scored"}, uri)
+        raise JobFailed(f"sweep {cfg.name}: {errors} of {len(rows)} trials failed and none scored (each trial's "
+                        "MLflow run and Ray's log above say why); nothing registered; run them again with "
+                        f"`ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}`")
     sign = 1 if cfg.mode == "max" else -1
     best = max(scored, key=lambda r: (r["status"] == "finished", sign * r[cfg.metric]), default=None)
     title = f"{cfg.name}: {cfg.metric} on {dataset_key(cfg.pretrain['data'])}"
@@ -161,13 +168,15 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
             store.set_tags(parent, {"ropim.encoder_uri": encoder_uri, **{
                 f"ropim.alias.{a}": ("moved: " if moved else "not moved: ") + why
                 for a, (moved, why) in decisions.items()}}, uri)
-    errors = sum(r["status"] == "error" for r in rows)
     store.set_tags(parent, {"ropim.state": f"finished, {errors} failed trials" if errors else "finished"}, uri)
     run.save(finished=True, rows=rows, best=best, encoder_uri=encoder_uri, champion=decisions, table=table)
     print("\n" + table, flush=True)
     if best is not None:
         print(f"[sweep] best: trial {best['trial']} (rho {best['rho']:.3f}, base_lr {best['base_lr']:.2e}, "
               f"epochs {best['epochs']}) {cfg.metric} {best[cfg.metric]:.2f}; MLflow run {best['mlflow_run']}")
+    if errors:
+        print(f"[sweep] {errors} of {len(rows)} trials failed (status error above; their MLflow runs say why); the "
+              f"best of the {len(scored)} scored is taken", flush=True)
     for alias, (moved, why) in decisions.items():
         print(f"[sweep] alias {alias}: {'moved to' if moved else 'not moved to'} {encoder_uri} ({why})")
     print(f"[sweep] parent MLflow run {parent}; encoder {encoder_uri}; artifacts under sweep/", flush=True)
