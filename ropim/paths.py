@@ -7,11 +7,14 @@ Every config that holds paths has a ``resolved()`` built on it, and every comman
 Ray Train workers, Tune trials and a resumed job (each possibly in another folder) read the same files.
 
 A local path reaches only the machines that see it: ``cluster_note`` words the one line a job prints when it runs on a
-Ray cluster of several nodes with local paths. Standard library only: configs call this at parse time.
+Ray cluster of several nodes with local paths, and ``job_copy_note`` the one a ``ray job submit --working-dir``
+driver prints when it keeps checkpoints inside Ray's copy of the working folder. Standard library only: configs call
+this at parse time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -45,3 +48,25 @@ def cluster_note(paths: dict[str, str | None], nodes: int) -> str | None:
     what = "is a local path" if len(local) == 1 else "are local paths"
     return (f"note: this Ray cluster has {nodes} nodes and {named} {what}: workers on other nodes open the same path "
             "there, so it must be on storage mounted at that path on every node (NFS), or give a URI (s3://…)")
+
+
+def ray_job_copy() -> str | None:
+    """The working folder when this process is the driver of a ``ray job submit --working-dir`` job: Ray's copy of
+    the submitted folder (a new one whenever its files change, removed when Ray cleans up), else None."""
+    try:
+        env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+    except ValueError:
+        return None
+    return os.getcwd() if env.get("working_dir") else None
+
+
+def job_copy_note(storage_path: str) -> str | None:
+    """The one line for a Ray job whose checkpoints (``storage_path``, resolved) lie inside Ray's copy of the working
+    folder (a relative ``--storage_path``, the default's ``ray_results`` included), else None."""
+    copy = ray_job_copy()
+    if copy is None or is_uri(storage_path) or not os.path.abspath(storage_path).startswith(copy + os.sep):
+        return None
+    return (f"note: storage_path={storage_path} lies inside Ray's copy of the submitted working folder: a job "
+            "submitted after any file of that folder changes gets a new copy and does not see these checkpoints, "
+            "and Ray removes old copies; for a long run give --storage_path an absolute folder outside it or a URI "
+            "(s3://…)")

@@ -53,6 +53,23 @@ def test_cluster_note_names_local_paths_only_on_several_nodes():
     assert "3 nodes" in note and "data.source=/data/imgs is a local path" in note and "s3://b/runs" not in note
 
 
+def test_a_ray_job_keeping_checkpoints_in_its_working_folder_copy_says_so_and_how_to_continue(tmp_path, monkeypatch):
+    from ropim.paths import job_copy_note
+    from ropim.train.jobs import JOBS, Prepared
+
+    monkeypatch.chdir(tmp_path)  # Ray's unpacked copy of the submitted folder, where the driver runs
+    cfg = tiny_pretrain(run_name="long").resolved()
+    assert job_copy_note(cfg.storage_path) is None  # not a Ray job: nothing to say
+    assert Prepared(JOBS["pretrain"], cfg, "").resume_hint == "ropim pretrain --resume long"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_1.zip"},
+                                                                  "metadata": {}}))
+    note = job_copy_note(cfg.storage_path)
+    assert note.startswith(f"note: storage_path={tmp_path}/ray_results lies inside Ray's copy of the submitted")
+    assert job_copy_note(str(tmp_path.parent / "elsewhere")) is None and job_copy_note("s3://b/runs") is None
+    assert Prepared(JOBS["pretrain"], cfg, "").resume_hint == \
+        "ray job submit --working-dir . -- python jobs/pretrain.py --resume long"
+
+
 @pytest.mark.slow  # make test pretrains on two Ray workers elsewhere
 def test_relative_data_path_through_a_link_pretrains_on_two_ray_workers(workdir, ray_session):
     image_folder(workdir / "imgs")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ropim.console import ensure_logging
 from ropim.errors import JobFailed
-from ropim.paths import is_uri
+from ropim.paths import is_uri, job_copy_note
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.runs import Run, open_run
@@ -84,6 +84,8 @@ def run(job: JobConfig | Prepared, *, worker_fn: WorkerFn = worker_main, registe
             where = "in this process" if cfg.num_workers == 0 else f"on {cfg.num_workers} Ray Train workers"
             print(f"[{cfg.kind}] run {cfg.run_name} {where}: {source(p)}, MLflow run {mlflow_run.run_id} at "
                   f"{p.tracking}", flush=True)
+            if note := job_copy_note(cfg.storage_path):
+                print(note, flush=True)
             result = fit_run(p, mlflow_run, worker_fn, trainer_kwargs)
             ray_up.close()  # Ray shut down before the result is registered
             return finish(p, mlflow_run, result, register)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ropim.errors import ConfigError
-from ropim.paths import resolve_path
+from ropim.paths import ray_job_copy, resolve_path
 from ropim.tracking.names import default_run_name
 from ropim.tracking.preflight import check_models
 from ropim.tracking.uri import check_tracking, tracking_uri
@@ -124,8 +124,9 @@ class Prepared:
         """The command that continues this run."""
         cfg = self.cfg
         default = cfg.storage_path == resolve_path("ray_results")
-        return f"ropim {self.job.name} --resume {cfg.run_name}" + ("" if default else
-                                                                     f" --storage_path {cfg.storage_path}")
+        command = f"ray job submit --working-dir . -- python {self.job.entry}" if ray_job_copy() else \
+            f"ropim {self.job.name}"
+        return f"{command} --resume {cfg.run_name}" + ("" if default else f" --storage_path {cfg.storage_path}")
 
 
 def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
