@@ -64,7 +64,9 @@ def test_ray_job_stop_ends_the_run_killed_and_resume_continues(ray_cluster, mlfl
     assert stop.returncode == 0, stop.stdout + stop.stderr
     logs = ray_job(dashboard, "logs", job_id).stdout
     assert "stopped by SIGTERM" in logs and "marked KILLED" in logs, logs[-4000:]
-    assert "ropim pretrain --resume stopped --storage_path s3://" in logs
+    # the job form of the continue command (what is done below); checkpoints on S3: no note about Ray's folder copy
+    assert "ray job submit --working-dir . -- python jobs/pretrain.py --resume stopped --storage_path s3://" in logs
+    assert "lies inside Ray's copy" not in logs
     assert "nodes and data.source=" in logs and "working_dir_files" in logs  # the cluster note: a local path
 
     client = MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
