@@ -275,9 +275,8 @@ def stopped(command: str, err: BaseException) -> int:
     """The exit status of a command ended by a stop signal: 128 + its number (130 for Ctrl+C, 143 for SIGTERM), after
     one line when no run was open to say how it ended."""
     if not STOP.reported:
-        what = "; the shards written so far are kept, and the same command writes the rest" \
-            if command == "data convert" else " while no run was open; nothing recorded"
-        print(f"ropim {command}: stopped by {STOP.name(err)}{what}", file=sys.stderr, flush=True)
+        print(f"ropim {command}: stopped by {STOP.name(err)} while no run was open; nothing recorded",
+              file=sys.stderr, flush=True)
     return 128 + signal.Signals[STOP.name(err)]
 
 

@@ -5,6 +5,7 @@ input fails in a fraction of a second."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 
 from jsonargparse import Namespace
@@ -42,8 +43,15 @@ def run_data(ns: Namespace) -> None:
         cfg = SegDataConfig(**vars(cfg), num_classes=args.num_classes)
     if ns.action == "convert":
         from ropim.data.convert import convert
+        from ropim.tracking.signals import STOP
 
-        rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+        try:
+            rep = convert(cfg, args.dst, args.shard_size, shuffle=args.shuffle, seed=args.seed)
+        except KeyboardInterrupt as err:  # a stop signal: what convert wrote is whole and kept (``ropim.cli.stopped``)
+            print(f"ropim data convert: stopped by {STOP.name(err)}; the shards written so far are kept, and the "
+                  "same command writes the rest", file=sys.stderr, flush=True)
+            STOP.reported = True
+            raise
         images = "  ".join(f"{s} {n:,}" for s, n in rep.images.items())
         noun = "pairs" if args.task == "segment" else "images"
         print(f"{rep.dst}: {images} {noun}; shards written {rep.shards_written}, kept {rep.shards_kept}; "

@@ -10,6 +10,7 @@ import pyarrow.fs as pafs
 from ropim.filesystems import filesystem
 
 RUN_META = "ropim_run.json"
+IN_PROCESS = "in_process"  # the run's sub-folder of the in-process loop's checkpoints (``ropim.train.inprocess``)
 
 
 def read_run_meta(storage_path: str, name: str) -> dict | None:
@@ -34,11 +35,11 @@ def write_run_meta(storage_path: str, name: str, meta: dict) -> None:
 
 def checkpoint_histories(storage_path: str, name: str) -> tuple[bool, bool]:
     """(whether run ``name`` holds checkpoints of Ray Train workers, of the loop in this process): Ray Train keeps
-    its own in the run's folder, the in-process loop in its ``in_process`` sub-folder (``ropim.train.inprocess``)."""
+    its own in the run's folder, the in-process loop in its ``IN_PROCESS`` sub-folder."""
     fs, root = filesystem(storage_path)
 
     def holds(folder: str) -> bool:
         infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
         return any(i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_") for i in infos)
 
-    return holds(f"{root}/{name}"), holds(f"{root}/{name}/in_process")
+    return holds(f"{root}/{name}"), holds(f"{root}/{name}/{IN_PROCESS}")

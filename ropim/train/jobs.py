@@ -143,8 +143,9 @@ def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
         check_models([given.encoder], "encoder", tracking, cfg.check_encoder)
     cfg.check_data()
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg.run_prefix))
-    check_stored_run(job_of(cfg), cfg)
-    return Prepared(job_of(cfg), cfg, tracking)
+    job = job_of(cfg)
+    check_stored_run(job, cfg)
+    return Prepared(job, cfg, tracking)
 
 
 def check_stored_run(job: Job, cfg: JobConfig) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note, is_uri, resolve_path
+from ropim.tracking.run_meta import IN_PROCESS
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -227,7 +228,7 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
     """``fit`` without the divergence check."""
     if job.num_workers == 0:
         gpu_or_cpu(job.use_gpu)
-        folder = f"{run_dir(job)}/in_process"
+        folder = f"{run_dir(job)}/{IN_PROCESS}"
         worker = (RemoteWorker(folder, job.keep_checkpoints, job.use_gpu) if is_uri(folder) else
                   LocalWorker(Path(folder), job.keep_checkpoints, job.use_gpu))
         fn(loop_config, worker)

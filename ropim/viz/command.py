@@ -15,6 +15,7 @@ from ropim.core.model import ROPIM
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, validation_images
 from ropim.errors import ConfigError
+from ropim.tracking.run_meta import IN_PROCESS
 from ropim.viz.config import VizConfig
 from ropim.viz.figure5 import token_error_figure, token_errors
 from ropim.viz.grids import projection_grid, save_reconstruction_grid
@@ -39,7 +40,7 @@ def load_checkpoint_model(folder: str | Path) -> tuple[ROPIM, dict]:
     folder = Path(folder)
     if not (folder / "model.safetensors").exists():
         found = sorted([*folder.glob("checkpoint_*/model.safetensors"),
-                        *folder.glob("in_process/checkpoint_*/model.safetensors")], key=lambda p: p.stat().st_mtime)
+                        *folder.glob(f"{IN_PROCESS}/checkpoint_*/model.safetensors")], key=lambda p: p.stat().st_mtime)
         if not found:
             raise ConfigError(f"checkpoint={str(folder)!r}: no model.safetensors + config.json there or in its "
                               "checkpoint_* folders; pass a Ray Train checkpoint folder "
