@@ -8,6 +8,9 @@ image of the split in its place, so ``len()`` stays fixed; ``ropim data convert`
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import torch
 from PIL import Image
@@ -24,6 +27,14 @@ from ropim.errors import ConfigError
 SPLITS = ("train", "val")
 
 
+def digest(classes: list[str], labels: np.ndarray, images: bytes) -> bytes:
+    """A split's fingerprint: its classes, its labels and what its images are (``images``: their own fingerprint)."""
+    h = hashlib.sha256(json.dumps(list(classes)).encode())
+    h.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    h.update(images)
+    return h.digest()
+
+
 class ImageArrayDataset(Dataset):
     """(PIL image, label) pairs from a uint8 (N, H, W, 3) array, passed through ``transform``."""
 
@@ -36,6 +47,10 @@ class ImageArrayDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         img = Image.fromarray(self.images[i])
         return (self.transform(img) if self.transform else img), int(self.labels[i])
+
+    def fingerprint(self) -> bytes:
+        """What the split holds (``digest``), without decoding: changed data gives another."""
+        return digest(self.classes, self.labels, np.ascontiguousarray(self.images).tobytes())
 
 
 class ImageListDataset(Dataset):
@@ -53,6 +68,10 @@ class ImageListDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.images)
+
+    def fingerprint(self) -> bytes:
+        """What the split holds (``digest``), without decoding: changed data gives another."""
+        return digest(self.classes, self.labels, self.images.fingerprint())
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         n = len(self.images)

@@ -80,6 +80,10 @@ class ImageList(Items):
     def __init__(self, labels: np.ndarray, paths: list[str], classes: list[str]) -> None:
         self.labels, self.paths, self.classes = np.asarray(labels, dtype=np.int64), list(paths), classes
 
+    def fingerprint(self) -> bytes:
+        """What the listed images are, without decoding them: it changes when they do (``ropim probe``'s cache)."""
+        raise NotImplementedError
+
     def load(self, i: int) -> bytes | np.ndarray:
         raise NotImplementedError
 
@@ -118,6 +122,10 @@ class ArrayList(ImageList):
     def load(self, i: int) -> np.ndarray:
         return self.images[i]
 
+    def fingerprint(self) -> bytes:
+        """The images' bytes (already in memory)."""
+        return np.ascontiguousarray(self.images).tobytes()
+
 
 
 class FileList(ImageList):
@@ -136,6 +144,17 @@ class FileList(ImageList):
     def load(self, i: int) -> bytes:
         with open(self.file(i), "rb") as f:
             return f.read()
+
+    def fingerprint(self) -> bytes:
+        """Each file's path, size and modification time (nothing read): they change when a file does."""
+        parts = []
+        for i, rel in enumerate(self.paths):
+            try:
+                st = os.stat(self.file(i))
+                parts.append(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n")
+            except OSError:  # vanished since listed: loading it will say so (or skip it)
+                parts.append(f"{rel}\0missing\n")
+        return "".join(parts).encode()
 
 
 

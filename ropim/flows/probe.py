@@ -10,22 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.utils.data import Dataset
 
 from ropim.console import ensure_logging
 from ropim.data.config import DataConfig
-from ropim.data.datasets import build_dataset, eval_transform
-from ropim.data.formats.parquet import ParquetList
-from ropim.data.lists import ArrayList, FileList
+from ropim.data.datasets import ImageArrayDataset, ImageListDataset, build_dataset, eval_transform
 from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_probe
 from ropim.eval.linear import linear_probe
@@ -43,39 +38,17 @@ from ropim.train.runtime import gpu_or_cpu
 log = logging.getLogger("ropim.probe")
 
 
-def split_fingerprint(dataset: Dataset) -> bytes:
-    """What a split holds, without decoding: its classes and labels, and per item what changes when the data does
-    (image files: path, size and mtime; Parquet: each shard's path, size and mtime and the rows taken; images held
-    as arrays: their bytes)."""
-    images = getattr(dataset, "images", None)
-    h = hashlib.sha256(json.dumps(list(dataset.classes)).encode())
-    h.update(np.ascontiguousarray(dataset.labels, dtype=np.int64).tobytes())
-    if isinstance(images, FileList):
-        for i, rel in enumerate(images.paths):
-            try:
-                st = os.stat(images.file(i))
-                h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            except OSError:  # vanished since listed: extraction will say so (or skip it)
-                h.update(f"{rel}\0missing\n".encode())
-    elif isinstance(images, ParquetList):
-        for info, rows in zip(images.fs.get_file_info(images.files), images.rows, strict=True):
-            h.update(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode())
-            h.update(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
-    else:  # arrays (digits, CIFAR): already in memory
-        h.update(np.ascontiguousarray(images.images if isinstance(images, ArrayList) else images).tobytes())
-    return h.digest()
-
-
-def cache_key(state: dict[str, torch.Tensor], data: DataConfig, img_size: int, splits: list[Dataset]) -> str:
+def cache_key(state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
+              splits: list[ImageArrayDataset | ImageListDataset]) -> str:
     """The features' cache key: the encoder's weights, the data config and size, and what each split holds
-    (``split_fingerprint``), so that changed, added or removed images are extracted again."""
+    (the datasets' ``fingerprint``), so that changed, added or removed images are extracted again."""
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
         h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     h.update(json.dumps({"data": asdict(data), "img_size": img_size}, sort_keys=True).encode())
     for ds in splits:
-        h.update(split_fingerprint(ds))
+        h.update(ds.fingerprint())
     return h.hexdigest()[:20]
 
 
