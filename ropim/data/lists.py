@@ -81,7 +81,8 @@ class ImageList(Items):
         self.labels, self.paths, self.classes = np.asarray(labels, dtype=np.int64), list(paths), classes
 
     def fingerprint(self) -> bytes:
-        """What the listed images are, without decoding them: it changes when they do (``ropim probe``'s cache)."""
+        """What the listed images are, without decoding them: it changes when they do (``ropim probe``'s cache).
+        Arrays (``ArrayList``) are read through ``ImageArrayDataset``, which digests them itself."""
         raise NotImplementedError
 
     def load(self, i: int) -> bytes | np.ndarray:
@@ -121,10 +122,6 @@ class ArrayList(ImageList):
 
     def load(self, i: int) -> np.ndarray:
         return self.images[i]
-
-    def fingerprint(self) -> bytes:
-        """The images' bytes (already in memory)."""
-        return np.ascontiguousarray(self.images).tobytes()
 
 
 
