@@ -77,6 +77,11 @@ class SweepConfig:
     encoder come from the trial)"""
 
     @property
+    def resume_command(self) -> str:
+        """The command that continues this sweep."""
+        return f"ropim sweep --resume {self.name} --storage-path {self.storage_path}"
+
+    @property
     def mode(self) -> str:
         return METRICS[self.metric]
 

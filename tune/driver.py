@@ -84,7 +84,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
     with open_run(experiment=cfg.experiment, name=cfg.name, storage_path=cfg.storage_path, config=cfg.to_dict(),
                   resumable=("max_concurrent",), params=params, config_artifact="sweep/config.json", uri=uri,
                   tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
-                  resume=f"ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}") as run:
+                  resume=cfg.resume_command) as run:
         meta = run.meta
         if run.finished:
             print(f"[sweep] {cfg.name} already finished (MLflow run {run.run_id}); best encoder "

@@ -135,7 +135,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
         end_unfinished_trials(cfg, parent, uri)
         run.stop()
         print(f"[sweep] {cfg.name} interrupted after {len(done)}/{cfg.n_trials} trials; continue with "
-              f"`ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}`", flush=True)
+              f"`{cfg.resume_command}`", flush=True)
         return SweepResult(cfg.name, parent, False, rows)
     errors = sum(r["status"] == "error" for r in rows)
     scored = [r for r in rows if r[cfg.metric] is not None and r["checkpoint"]]
@@ -143,7 +143,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
         store.set_tags(parent, {"ropim.state": f"failed: {errors} of {len(rows)} trials failed, none scored"}, uri)
         raise JobFailed(f"sweep {cfg.name}: {errors} of {len(rows)} trials failed and none scored (each trial's "
                         "MLflow run and Ray's log above say why); nothing registered; run them again with "
-                        f"`ropim sweep --resume {cfg.name} --storage-path {cfg.storage_path}`")
+                        f"`{cfg.resume_command}`")
     sign = 1 if cfg.mode == "max" else -1
     best = max(scored, key=lambda r: (r["status"] == "finished", sign * r[cfg.metric]), default=None)
     title = f"{cfg.name}: {cfg.metric} on {dataset_key(cfg.pretrain['data'])}"
