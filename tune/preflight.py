@@ -8,7 +8,9 @@ import json
 from dataclasses import asdict, dataclass
 
 from ropim.errors import ConfigError
-from ropim.tracking.names import default_run_name
+from ropim.tracking.names import DEFAULT_ENCODER_NAME, default_run_name
+from ropim.tracking.preflight import check_registered_model
+from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
@@ -50,4 +52,7 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
     check_batch_fits(base.data, batches)
+    if cfg.register:  # the best encoder goes into a registered model of encoders
+        check_tracking(uri := tracking_uri())
+        check_registered_model(pretrain.get("registered_model", DEFAULT_ENCODER_NAME), "encoder", uri)
     return PreparedSweep(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})

@@ -38,8 +38,8 @@ def trial_driver(config: dict, ctx: dict) -> None:
     # Tune runs a trial once at a time, possibly on another node after a restart: no lock; the sweep says how to resume
     options = {"experiment": ctx["experiment"], "title": f"{ctx['sweep']}/{trial_id}", "tags": tags, "lock": False,
                "config_artifact": None, "resume": None}
-    result = run(prepare(cfg, uri), worker_fn=functools.partial(record_placement_group, worker_main), register=False,
-                 run_options=options, callbacks=[TuneReportCallback()])
+    result = run(prepare(cfg, uri, register=False), worker_fn=functools.partial(record_placement_group, worker_main),
+                 register=False, run_options=options, callbacks=[TuneReportCallback()])
     store.set_tags(result.run_id, {"ropim.checkpoint": result.checkpoint_path or ""}, uri)
     metric = ctx.get("metric")
     job = metric.split("_", 1)[0] if metric else None

@@ -8,9 +8,32 @@ from pathlib import Path
 
 from ropim.errors import ConfigError
 from ropim.paths import is_uri
+from ropim.tracking.names import DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME, DEFAULT_SEGMENTER_NAME
 from ropim.tracking.uri import ModelRef
 
 MODEL_KINDS = ("encoder", "classifier", "segmenter")
+DEFAULT_NAMES = {"encoder": DEFAULT_ENCODER_NAME, "classifier": DEFAULT_CLASSIFIER_NAME,
+                 "segmenter": DEFAULT_SEGMENTER_NAME}
+
+
+class MixedKinds(ConfigError):
+    """``--registered_model NAME`` names a registered model holding versions of another kind than the one a job
+    registers: one registered model holds one kind (its versions' ``kind`` tag). ``held``: {kind: versions};
+    ``suggested``: a name to register into instead."""
+
+    def __init__(self, name: str, kind: str, held: dict[str, list[str]]) -> None:
+        self.name, self.kind, self.held = name, kind, held
+        self.suggested = DEFAULT_NAMES[kind] if DEFAULT_NAMES[kind] != name else f"{name}-{kind}"
+        kinds = " and ".join(f"{k}s ({versions_text(v)})" for k, v in sorted(held.items()))
+        self.found = f"registered_model={name} holds {kinds}"
+        super().__init__(f"{self.found}: one registered model holds one kind; give the {kind} another "
+                         f"--registered_model (e.g. {self.suggested}), or --registered_model \"\" to register nothing")
+
+
+def versions_text(versions: list[str]) -> str:
+    """``v1, v2`` (at most three named, then how many in all)."""
+    shown = ", ".join(f"v{v}" for v in versions[:3])
+    return shown if len(versions) <= 3 else f"{shown}, … {len(versions)} versions"
 
 
 def check_local_model(model_uri: str, kind: str) -> Path | None:

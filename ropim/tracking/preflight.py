@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 from ropim.tracking.model_folder import check_local_model
-from ropim.tracking.uri import check_model_in_store
+from ropim.tracking.uri import check_model_in_store, missing_sqlite_file
 
 
 def check_models(uris: list[str], kind: str, uri: str, check_config: Callable[[str, dict], None] | None = None) -> None:
@@ -28,3 +28,14 @@ def check_models(uris: list[str], kind: str, uri: str, check_config: Callable[[s
 
         for model_uri in registered:
             check_model_uri(model_uri, kind, uri)
+
+
+def check_registered_model(name: str, kind: str, uri: str) -> None:
+    """The registered model ``name`` ("" = none) a job will register its ``kind`` (encoder, classifier, segmenter)
+    into holds no version of another kind (``ropim.tracking.model_folder.MixedKinds``, one line); MLflow imported
+    only when the store exists (a local sqlite store not created yet holds nothing)."""
+    if not name or missing_sqlite_file(uri) is not None:
+        return
+    from ropim.tracking.registry import check_registered_kind
+
+    check_registered_kind(name, kind, uri)

@@ -22,7 +22,7 @@ from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
 from ropim.tracking.cards import card, first_stage, kind_of
-from ropim.tracking.model_folder import MODEL_KINDS, check_local_model, model_files, wrong_kind
+from ropim.tracking.model_folder import MODEL_KINDS, MixedKinds, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
 from ropim.tracking.store import client, flatten, retrying, tracking_uri
 from ropim.tracking.uri import ModelRef, check_model_in_store
@@ -55,7 +55,9 @@ def register_model(
     pre-flight go by). ``code_paths``: Python files shipped with the model (importable by ``code`` when it loads),
     ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
     stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
+    ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind (``check_registered_kind``).
     """
+    check_registered_kind(name, kind, uri)  # again at registration: one may have appeared since the pre-flight
     client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
     with tempfile.TemporaryDirectory() as tmp:
         from safetensors.torch import save_file  # torch only when a model is written
@@ -75,6 +77,19 @@ def register_model(
                                                       tags={**tags, "kind": kind, "run_id": run_id}).version)
     describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+def check_registered_kind(name: str, kind: str, uri: str | None = None) -> None:
+    """``MixedKinds`` naming the versions when the registered model ``name`` holds versions whose ``kind`` tag is not
+    ``kind``; a model that is not there, has no versions or versions without that tag (the older layout) passes."""
+    quote = '"' if "'" in name else "'"
+    held: dict[str, list[str]] = {}
+    for v in sorted(client(uri).search_model_versions(f"name={quote}{name}{quote}"), key=lambda v: int(v.version)):
+        found = (v.tags or {}).get("kind")
+        if found in MODEL_KINDS and found != kind:
+            held.setdefault(found, []).append(str(v.version))
+    if held:
+        raise MixedKinds(name, kind, held)
 
 
 @contextlib.contextmanager

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ropim.console import ensure_logging
-from ropim.errors import JobFailed
+from ropim.errors import ConfigError, JobFailed
 from ropim.paths import is_uri, job_copy_note
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.signals import STOP
 from ropim.train.downstream import run_tags
@@ -169,7 +170,7 @@ def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> J
                     p.job.load("results")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
                 if cfg.registered_model:  # "" = do not register, for every job
                     with STOP.deferred():  # a version registered is recorded as the run's outcome before a stop
-                        uri = p.job.load("register")(cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+                        uri = registered(p, mlflow_run, result, folder)
                         record(p, mlflow_run, result, uri)
         if not mlflow_run.recorded:
             record(p, mlflow_run, result, uri)
@@ -180,6 +181,18 @@ def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> J
         print(f"[{cfg.kind}] stopped after epoch {result.metrics.get('epoch')}/{cfg.epochs}; continue with "
               f"`{p.resume_hint}`", flush=True)
     return JobResult(mlflow_run.run_id, cfg.run_name, uri, result.checkpoint_path, result.metrics)
+
+
+def registered(p: Prepared, mlflow_run: Run, result: FitResult, folder: Path) -> str | None:
+    """The job's register function on the final checkpoint ``folder``; a registered model found holding another kind
+    by then (``MixedKinds``: nothing registered) is one line saying how to register the trained weights it keeps."""
+    try:
+        return p.job.load("register")(p.cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+    except MixedKinds as err:
+        raise ConfigError(f"{err.found}, which appeared after the pre-flight (one registered model holds one kind): "
+                          f"nothing registered; run {p.cfg.run_name} keeps its trained {p.job.model} "
+                          f"({result.checkpoint_path}): register it with `{p.resume_hint} --registered_model "
+                          f"{err.suggested}`") from None
 
 
 def record(p: Prepared, mlflow_run: Run, result: FitResult, uri: str | None) -> None:

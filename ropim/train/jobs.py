@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ropim.errors import ConfigError
 from ropim.paths import ray_job_copy, resolve_path
 from ropim.tracking.names import default_run_name
-from ropim.tracking.preflight import check_models
+from ropim.tracking.preflight import check_models, check_registered_model
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.finetune.config import FinetuneConfig
@@ -129,12 +129,13 @@ class Prepared:
         return f"{command} --resume {cfg.run_name}" + ("" if default else f" --storage_path {cfg.storage_path}")
 
 
-def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
+def prepare(cfg: JobConfig, tracking: str | None = None, *, register: bool = True) -> Prepared:
     """Check a job's config once, before anything runs: its local paths made absolute, its fields validated (the
     one validation in this process), its workers fitting, the tracking store answering, the encoder it starts from
     there (a local folder's ``config.json`` checked against the job), the training split holding a batch; then name
-    the run. Imports no torch and, unless an encoder is registered, no MLflow. ``tracking``: the MLflow store (default
-    ``tracking_uri()``)."""
+    the run; last, the stored run of that name and (``register``: the job will register its result) the registered
+    model holding no other kind than the job's. Imports no torch and, unless an encoder or a registered model is
+    looked up in an existing store, no MLflow. ``tracking``: the MLflow store (default ``tracking_uri()``)."""
     given, cfg = cfg, cfg.resolved().validate()
     cfg.check_resources()
     tracking = tracking or tracking_uri()
@@ -145,6 +146,8 @@ def prepare(cfg: JobConfig, tracking: str | None = None) -> Prepared:
     cfg = dataclasses.replace(cfg, run_name=cfg.run_name or default_run_name(cfg.run_prefix))
     job = job_of(cfg)
     check_stored_run(job, cfg)
+    if register:
+        check_registered_model(cfg.registered_model, job.model, tracking)
     return Prepared(job, cfg, tracking)
 
 
