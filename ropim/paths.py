@@ -8,8 +8,9 @@ Ray Train workers, Tune trials and a resumed job (each possibly in another folde
 
 A local path reaches only the machines that see it: ``cluster_note`` words the one line a job prints when it runs on a
 Ray cluster of several nodes with local paths, and ``job_copy_note`` the one a ``ray job submit --working-dir``
-driver prints when it keeps checkpoints inside Ray's copy of the working folder. Standard library only: configs call
-this at parse time.
+driver prints when it keeps checkpoints inside Ray's copy of the working folder. ``recorded_location`` is the form in
+which MLflow records a path (a data set's identity): one inside that copy, which Ray names anew for every submission,
+as ``working_dir:<path relative to the submitted folder>``. Standard library only: configs call this at parse time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import os
 import re
 
 SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://, gs://, file://, models:/, runs:/ (not C:\ or a:b)
+# where Ray unpacks an uploaded working folder: <temp dir>/session_<…>/runtime_resources/working_dir_files/_ray_pkg_<h>
+RAY_COPY = re.compile(r"/runtime_resources/working_dir_files/_ray_pkg_[0-9a-fA-F]+(?=/|$)")
+WORKING_DIR = "working_dir:"  # what a recorded path inside the submitted working folder starts with
 
 
 def is_uri(location: str) -> bool:
@@ -70,3 +74,22 @@ def job_copy_note(storage_path: str) -> str | None:
             "submitted after any file of that folder changes gets a new copy and does not see these checkpoints, "
             "and Ray removes old copies; for a long run give --storage_path an absolute folder outside it or a URI "
             "(s3://…)")
+
+
+def recorded_location(location: str) -> str:
+    """How MLflow records ``location`` (a resolved path or URI, possibly followed by ``?split…``) as a data set: a path
+    inside Ray's copy of the submitted working folder (``ray_job_copy``, or a path recorded in such a copy before)
+    as ``working_dir:`` + the path relative to that folder (``working_dir:data/digits``), the same for every
+    submission of the same folder; anything else as it is."""
+    if not isinstance(location, str) or is_uri(location) or not location.startswith("/"):
+        return location
+    copy = ray_job_copy()
+    if copy is not None and (location == copy or location.startswith((copy + os.sep, copy + "?"))):
+        rest = location[len(copy):]
+    else:
+        found = RAY_COPY.search(location)
+        if found is None:
+            return location
+        rest = location[found.end():]
+    path, query, tail = rest.partition("?")
+    return WORKING_DIR + (path.strip("/") or ".") + query + tail

@@ -9,6 +9,7 @@ import time
 
 import mlflow
 
+from ropim.paths import recorded_location
 from ropim.tracking.names import CHAMPION, model_alias
 from ropim.tracking.store import RetryingClient, client
 
@@ -55,7 +56,7 @@ def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: st
     held = shape_of(tags)
     if shape is not None and held is not None and held != shape:
         return True, f"{alias!r} was v{holder.version}, an encoder of another shape ({held})"
-    if tags["metric_dataset"] != dataset:
+    if recorded_location(tags["metric_dataset"]) != dataset:
         return False, f"{alias!r} is v{holder.version} on another dataset ({tags['metric_dataset']})"
     if tags["metric"] != metric:
         return False, f"{alias!r} is v{holder.version} scored by another metric ({tags['metric']})"
@@ -77,7 +78,10 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
     per-shape ``model_alias(*model)`` that the paper presets load, which only ever holds a version of that shape.
     Each moves only when nobody holds it or the holder was scored on the same metric and dataset and the new
     value is strictly better; a holder from another dataset or metric (or without score tags) keeps it.
-    Each decision is stored as a version tag ``alias.<alias>``.
+    Each decision is stored as a version tag ``alias.<alias>``. ``dataset`` is compared and stored as
+    ``ropim.paths.recorded_location`` gives it: a path inside Ray's copy of a ``ray job submit --working-dir`` folder
+    as ``working_dir:<relative path>``, one data set whatever copy a job ran in (a version scored in such a copy
+    before is read the same way).
 
     MLflow has no compare-and-set, so two promotions finishing together could each read the old holder and the
     worse one set its alias last. Every promotion therefore tags its score first, then ``settle``s: it re-reads and
@@ -86,7 +90,7 @@ def promote_champion(name: str, version: str, metric: str, dataset: str, value: 
     before, so the better encoder ends up holding both aliases. The decisions returned say where each alias settled.
     """
     c = client(uri)
-    version = str(version)
+    version, dataset = str(version), recorded_location(dataset)
     shape = shape_key(*model) if model is not None else None
     scores = {"metric": metric, "metric_dataset": dataset, "metric_value": repr(float(value))}
     for k, v in {**scores, **({"shape": shape} if shape else {})}.items():
@@ -147,7 +151,7 @@ def best_version(c: RetryingClient, name: str, metric: str, dataset: str, higher
     given ``shape``, only versions of that shape (``shape_of``) count."""
     sign = 1 if higher_is_better else -1
     scored = [v for v in c.search_model_versions(f"name='{name}'")
-              if (v.tags or {}).get("metric") == metric and v.tags.get("metric_dataset") == dataset
+              if (v.tags or {}).get("metric") == metric and recorded_location(v.tags.get("metric_dataset")) == dataset
               and v.tags.get("metric_value") is not None and (shape is None or shape_of(v.tags) == shape)]
     if not scored:
         return None
@@ -169,7 +173,8 @@ def settle(c: RetryingClient, name: str, aliases: dict[str, str | None], higher_
             tags = holder.tags or {}
             if not set(SCORE_TAGS) <= set(tags) or (shape is not None and shape_of(tags) != shape):
                 continue
-            best = best_version(c, name, tags["metric"], tags["metric_dataset"], higher_is_better, shape)
+            best = best_version(c, name, tags["metric"], recorded_location(tags["metric_dataset"]), higher_is_better,
+                                shape)
             if best is not None and best != str(holder.version):
                 set_alias(c, name, a, best)
                 changed = True

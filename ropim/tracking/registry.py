@@ -21,6 +21,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
+from ropim.paths import recorded_location
 from ropim.tracking.cards import card, first_stage, kind_of
 from ropim.tracking.model_folder import MODEL_KINDS, MixedKinds, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
@@ -55,7 +56,8 @@ def register_model(
     pre-flight go by). ``code_paths``: Python files shipped with the model (importable by ``code`` when it loads),
     ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
     stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
-    ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind (``check_registered_kind``).
+    ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind (``check_registered_kind``); the
+    ``dataset`` tag is the data set as ``ropim.paths.recorded_location`` records it.
     """
     check_registered_kind(name, kind, uri)  # again at registration: one may have appeared since the pre-flight
     client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
@@ -72,6 +74,8 @@ def register_model(
                                     signature=signature(config))
     tags = {k: str(v) for k, v in flatten(config).items()
             if not k.startswith("timm_kwargs.") and not isinstance(v, (list, tuple))}
+    if "dataset" in tags:
+        tags["dataset"] = recorded_location(tags["dataset"])
     with registry_lines_muted():  # the version is created with its tags: never seen without them
         version = str(retrying(mlflow.register_model)(info.model_uri, name,
                                                       tags={**tags, "kind": kind, "run_id": run_id}).version)

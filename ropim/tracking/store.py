@@ -23,6 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 
+from ropim.paths import recorded_location
 from ropim.tracking.signals import STOP
 from ropim.tracking.uri import tracking_uri
 
@@ -122,11 +123,14 @@ def flatten(d: dict, prefix: str = "") -> dict[str, object]:
 
 def create_run(experiment: str, run_name: str | None, params: dict, tags: dict | None = None,
                uri: str | None = None) -> str:
-    """Start a run (left RUNNING), log ``params`` flattened and ``tags``; return its id."""
+    """Start a run (left RUNNING), log ``params`` flattened and ``tags``; return its id. A data set's ``source`` is
+    logged as ``ropim.paths.recorded_location`` records it (inside a Ray job's copy of the working folder:
+    ``working_dir:<relative path>``)."""
     uri = uri or tracking_uri()
     c = client(uri)
     run = c.create_run(ensure_experiment(experiment, uri), run_name=run_name, tags=tags or {})
-    c.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in flatten(params).items()])
+    flat = {k: recorded_location(v) if k.rsplit(".", 1)[-1] == "source" else v for k, v in flatten(params).items()}
+    c.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
     return run.info.run_id
 
 
