@@ -20,6 +20,7 @@ from ropim.checks import OneOf, check_value
 from ropim.data.augment import augment, normalize, resize
 from ropim.data.config import DataConfig
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb
+from ropim.data.formats.common import Source
 from ropim.data.lists import ImageList
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
@@ -90,15 +91,17 @@ class ImageListDataset(Dataset):
         raise ConfigError(f"no decodable image among the {n} images of this split; check the files")
 
 
-def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32) -> Dataset:
+def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32,
+                  source: Source | None = None) -> Dataset:
     """The ``split`` ('train' or 'val') of the configured source as a torch Dataset.
 
-    ``img_size`` only sizes the built-in digits; other sources are resized by ``transform``. Every returned
+    ``img_size`` only sizes the built-in digits; other sources are resized by ``transform``. ``source``: the
+    source already opened (``open_source(cfg, img_size)``), so that both splits come from one listing. Every returned
     dataset has ``labels`` (int64 array) and ``classes``.
     """
     cfg.validate()
     check_value("split", split, OneOf(SPLITS))
-    src = open_source(cfg, img_size)
+    src = source or open_source(cfg, img_size)
     images = src.split(split)
     if src.format == "digits":
         return ImageArrayDataset(images.images, images.labels, images.classes, transform)

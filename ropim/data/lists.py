@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import numpy as np
@@ -143,15 +145,42 @@ class FileList(ImageList):
             return f.read()
 
     def fingerprint(self) -> bytes:
-        """Each file's path, size and modification time (nothing read): they change when a file does."""
-        parts = []
-        for i, rel in enumerate(self.paths):
-            try:
-                st = os.stat(self.file(i))
-                parts.append(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n")
-            except OSError:  # vanished since listed: loading it will say so (or skip it)
-                parts.append(f"{rel}\0missing\n")
-        return "".join(parts).encode()
+        """Each file's path, size and modification time (nothing read): they change when a file does. A file that
+        vanished since it was listed counts as missing (loading it will say so, or skip it)."""
+        stats = stat_files([self.file(i) for i in range(len(self.paths))])
+        return "".join(f"{rel}\0{st[0]}\0{st[1]}\n" if st else f"{rel}\0missing\n"
+                       for rel, st in zip(self.paths, stats, strict=True)).encode()
+
+
+STAT_SAMPLE, SLOW_STAT_S, STAT_THREADS, STAT_CHUNK = 256, 50e-6, 32, 512
+
+
+def stat_chunk(files: list[str]) -> list[tuple[int, int] | None]:
+    """(size, modification time in ns) of each file, None for one that cannot be stat-ed."""
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return out
+
+
+def stat_files(files: list[str]) -> list[tuple[int, int] | None]:
+    """``stat_chunk`` of every file, in order: in this thread where a stat is quick (a local disk: about 3 µs, where
+    threads only add overhead), by ``STAT_THREADS`` threads where the first ``STAT_SAMPLE`` took over ``SLOW_STAT_S``
+    each (a network or object-store file system, where each stat waits on a round trip)."""
+    start = time.perf_counter()
+    out = stat_chunk(files[:STAT_SAMPLE])
+    rest = files[STAT_SAMPLE:]
+    if not rest or time.perf_counter() - start < SLOW_STAT_S * len(out):
+        return out + stat_chunk(rest)
+    size = min(STAT_CHUNK, -(-len(rest) // (4 * STAT_THREADS)))  # every thread busy on small lists too
+    with ThreadPoolExecutor(STAT_THREADS, thread_name_prefix="ropim-stat") as pool:
+        for part in pool.map(stat_chunk, [rest[k:k + size] for k in range(0, len(rest), size)]):
+            out += part
+    return out
 
 
 

@@ -17,21 +17,24 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.utils.data import Dataset
 
+from ropim.checks import check_encoder_input
 from ropim.console import ensure_logging
 from ropim.data.config import DataConfig
 from ropim.data.datasets import ImageArrayDataset, ImageListDataset, build_dataset, eval_transform
+from ropim.data.sources import open_source
 from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_probe
 from ropim.eval.linear import linear_probe
 from ropim.eval.metrics import confusion_matrix
 from ropim.flows.config import ProbeConfig
 from ropim.tracking import store
-from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.names import default_run_name
 from ropim.tracking.runs import open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.downstream import classifier_from, eval_split, log_results, run_tags, tag_version
+from ropim.train.downstream import classifier_from, log_results, run_tags, tag_version
 from ropim.train.job import dataset_name
 from ropim.train.runtime import gpu_or_cpu
 
@@ -52,10 +55,19 @@ def cache_key(state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
     return h.hexdigest()[:20]
 
 
+def probe_splits(ref: EncoderRef, data: DataConfig, img_size: int) -> tuple[Dataset, Dataset]:
+    """(train, val) under the eval transform, from one listing of the source, after checking the encoder's input
+    (RGB, ``img_size`` a multiple of its patch size); ConfigError when a split holds no image."""
+    check_encoder_input(ref.uri, ref.config, img_size)
+    src = open_source(data, img_size)
+    return tuple(build_dataset(data, split, eval_transform(img_size), img_size, source=src)
+                 for split in ("train", "val"))
+
+
 def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
-                    val_set, cfg: ProbeConfig, device: torch.device) -> dict[str, torch.Tensor]:
+                    train_set: Dataset, val_set: Dataset, cfg: ProbeConfig,
+                    device: torch.device) -> dict[str, torch.Tensor]:
     """{'train_x', 'train_y', 'val_x', 'val_y'}: extracted once, read back from ``cfg.cache_dir`` when there."""
-    train_set = build_dataset(data, "train", eval_transform(img_size), img_size)
     path = None
     if cfg.cache_dir:
         key = cache_key(state, data, img_size, [train_set, val_set])
@@ -92,7 +104,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
     ref, state = resolve_encoder(cfg.encoder, tracking)
     data = cfg.data.resolved()
     img_size = cfg.img_size or ref.config["img_size"]
-    val_set = eval_split(ref, data, img_size)
+    train_set, val_set = probe_splits(ref, data, img_size)
     classes = list(val_set.classes)
     device = gpu_or_cpu(cfg.use_gpu)
     torch.manual_seed(cfg.seed)
@@ -104,7 +116,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
     with open_run(experiment=cfg.experiment, name=run_name, config=params, tags=run_tags(ref, "probe", data),
                   uri=tracking) as run:
         run_id = run.run_id
-        f = cached_features(encoder, state, data, img_size, val_set, cfg, device)
+        f = cached_features(encoder, state, data, img_size, train_set, val_set, cfg, device)
         n_classes = len(classes)
         lin = linear_probe(f["train_x"], f["train_y"], f["val_x"], f["val_y"], c=cfg.linear_c,
                            max_iter=cfg.linear_max_iter, n_classes=n_classes, threads=cfg.linear_threads)

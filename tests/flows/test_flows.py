@@ -78,6 +78,27 @@ def test_probe_cache_follows_the_data(workdir, encoder, monkeypatch):
     assert len(extracted) == 6 and len(list((workdir / "feats-tvc").glob("features-*.safetensors"))) == 3
 
 
+def test_cli_probe_lists_its_data_once_and_reads_the_cache_back(workdir, encoder, monkeypatch, capsys):
+    """`ropim probe` with relative paths, twice: the second reads the cached features. The probe lists the folder
+    once for both splits (it listed it once per split: at ImageNet scale each listing walks 1.28M files); the
+    pre-flight's decode check lists it once more."""
+    from ropim.cli import main as cli_main
+    from ropim.data.formats import imagefolder
+
+    write_split_folder(workdir / "pics-rel", "ab", seed=3)
+    listings, extracted, real = [], [], imagefolder.source
+    monkeypatch.setattr(imagefolder, "source", lambda *a, **k: listings.append(1) or real(*a, **k))
+    real_extract = probe_flow.extract_features
+    monkeypatch.setattr(probe_flow, "extract_features", lambda *a, **k: extracted.append(1) or real_extract(*a, **k))
+    argv = ["probe", "--encoder", "enc-local", "--data.source", "pics-rel", "--cache_dir", "feats-rel",
+            "--knn_k", "3", "--linear_max_iter", "50"]
+    cli_main(argv)
+    assert len(extracted) == 2 and len(listings) == 2, listings  # pre-flight's check, then the probe's one listing
+    cli_main(argv)
+    assert len(extracted) == 2 and len(list((workdir / "feats-rel").glob("features-*.safetensors"))) == 1
+    assert capsys.readouterr().out.count("linear top-1") >= 2
+
+
 @pytest.mark.slow  # two encoders probed (12 s); make test transfers one, with segmentation beside it
 def test_transfer_table_over_encoders(workdir, encoder):
     uri, folder = encoder
