@@ -10,10 +10,11 @@ that rule once converted). Encoded files (ImageFolder, folder pairs, Parquet) ke
 
 Nothing is lost: the destination may not be the source, inside it or around it; ``DST/ropim_convert.json`` records
 the plan (source, settings, every shard) before the first shard is written; a destination holding another plan, or
-files convert did not write, is refused — convert deletes nothing but its own temporary files (and a destination it
-created whose shards hold no row). Bounded memory and restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the
+files convert did not write, is refused — convert deletes nothing but its own temporary files and what holds no image
+(``ropim.data.destination``). Bounded memory and restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the
 split's order (a seeded shuffle of the items, or the source order for Parquet sources), written to a hidden temporary
-name and renamed when complete, so re-running the same command keeps every complete shard and writes the rest. An
+name and renamed when complete, so re-running the same command keeps every complete shard that holds a row and
+writes the rest. An
 image that does not decode follows ``on_bad_image`` (dropped and counted, or the run stops); a source item that
 cannot be read at all (the source changed or vanished) stops the run with an error, never counted as a bad image. A
 split none of whose items decodes is an error naming the source, not an empty data set.
@@ -35,17 +36,22 @@ from tqdm import tqdm
 from ropim.checks import check_location
 from ropim.data.config import DataConfig
 from ropim.data.decode import BadImages
+from ropim.data.destination import (
+    META_KEY,
+    check_destination,
+    claim_destination,
+    kept_shard,
+    remove_if_empty,
+    write_whole,
+)
 from ropim.data.formats.common import CLASSIFY, Source
 from ropim.data.formats.parquet import filesystem
 from ropim.data.lists import Items
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
-from ropim.paths import is_uri, resolve_path
+from ropim.paths import resolve_path
 
 ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encoded images
-META_KEY = b"ropim.shard"
-PLAN = "ropim_convert.json"
-OWN_FILES = (PLAN, "classes.json")
 
 
 @dataclass
@@ -60,21 +66,6 @@ class ConvertReport:
     bad_paths: list[str] = field(default_factory=list)  # the first 20 found by this run
 
 
-def check_destination(source: str, dst: str) -> None:
-    """The destination may not be the source, lie inside it, or hold it: one error before anything is written."""
-    def norm(location: str) -> str:
-        return location.rstrip("/") if is_uri(location) else filesystem(location)[1].rstrip("/")
-
-    src, out = norm(source), norm(dst)
-    if src == out:
-        raise ConfigError(f"convert destination {dst!r} is the source itself; write the shards to a new folder")
-    if out.startswith(src + "/"):
-        raise ConfigError(f"convert destination {dst!r} is inside the source {source!r}; a re-run would read the "
-                          "shards back as source images: give a folder outside it")
-    if src.startswith(out + "/"):
-        raise ConfigError(f"convert destination {dst!r} holds the source {source!r}; give a folder outside it")
-
-
 def plan_shards(lists: dict[str, Items], shard_size: int, shuffle: bool, seed: int,
                 source: dict) -> dict[str, tuple[str, np.ndarray, dict]]:
     """{shard file name: (split, item indices, the plan stored in the shard)} of every shard to hold."""
@@ -87,54 +78,6 @@ def plan_shards(lists: dict[str, Items], shard_size: int, shuffle: bool, seed: i
                 "split": split, "index": k, "shards": n_shards, "shard_size": shard_size, "items": len(order),
                 "shuffle": shuffle, "seed": seed, **source})
     return plans
-
-
-def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
-    """Write the plan before any shard, or check that the destination holds this very plan; refuse files convert
-    did not write. Only our own leftover temporary files are removed."""
-    plan_path = posixpath.join(root, PLAN)
-    stored = None
-    if fs.get_file_info(plan_path).type == pafs.FileType.File:
-        with fs.open_input_stream(plan_path) as f:
-            stored = json.loads(f.read().decode())
-        if stored != plan:
-            changed = sorted(k for k in set(stored) | set(plan) if stored.get(k) != plan.get(k))
-            why = {"shards": "its shards (the source's images changed since, or --shard-size / --shuffle / --seed "
-                             "differ)", "classes": "its classes (the source's changed since)"}
-            raise ConfigError(f"convert destination {dst!r} holds a conversion with other settings: "
-                              f"{', '.join(why.get(k, f'its {k}') for k in changed)}; re-run the command that wrote "
-                              "it, or give an empty folder")
-    for info in fs.get_file_info(pafs.FileSelector(root)):
-        name = info.base_name
-        if info.type == pafs.FileType.File and name.startswith(".") and name.endswith(".tmp"):
-            fs.delete_file(info.path)  # our own temporary file, left by a killed run
-        elif name not in plan["shards"] and name not in OWN_FILES:
-            raise ConfigError(f"convert destination {dst!r} holds {name}, which convert did not write; "
-                              "give an empty folder or one written by this same convert command")
-        elif name in plan["shards"] and stored is None and not complete_shard(fs, info.path, plan["shards"][name]):
-            raise ConfigError(f"convert destination {dst!r} holds {name} from another conversion; give an empty "
-                              "folder")
-    if stored is None:
-        write_whole(fs, plan_path, json.dumps(plan, indent=2).encode())
-
-
-def write_whole(fs, path: str, data: bytes) -> None:
-    """Write a small file under a temporary name, then rename it into place."""
-    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
-
-
-def complete_shard(fs, path: str, meta: dict) -> bool:
-    """Whether ``path`` is a complete shard of this plan (its metadata was written last, on close)."""
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return False
-    try:
-        stored = pq.read_schema(path, filesystem=fs).metadata or {}
-    except (OSError, pa.ArrowInvalid):
-        return False
-    return META_KEY in stored and json.loads(stored[META_KEY]) == meta
 
 
 def shard_rows(items: Items, idx: np.ndarray, bad: BadImages, progress: tqdm):
@@ -190,31 +133,13 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     return report
 
 
-def holds_rows(fs, root: str) -> bool:
-    """Whether a shard in ``root`` holds a row (True when one cannot be read: then nothing is removed)."""
-    try:
-        return any(pq.read_metadata(i.path, filesystem=fs).num_rows for i in fs.get_file_info(pafs.FileSelector(root))
-                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                   and not i.base_name.startswith("."))
-    except (OSError, pa.ArrowException):
-        return True
-
-
-def remove_if_empty(fs, root: str, created: bool) -> bool:
-    """Remove the destination when this run created it (only it wrote there) and no shard in it holds a row:
-    nothing usable was written, so no trace is left. Whether it was removed."""
-    if not created or holds_rows(fs, root):
-        return False
-    fs.delete_dir(root)
-    return True
-
-
 def none_converted(src: Source, n: int, split: str, report: ConvertReport, removed: bool) -> ConfigError:
     """The one error for a conversion that left a split without a row: none of its ``n`` items decodes."""
     noun = "pairs" if src.cfg.TASK != CLASSIFY else "images"
     what = f"the {n} {noun} of its {split} split" if src.own_split else f"its {n} {noun}"
     example = f" (e.g. {report.bad_paths[0]})" if report.bad_paths else ""
-    left = "" if removed else f" ({report.dst} keeps the shards written, which readers refuse: delete it first)"
+    left = "" if removed else f" ({report.dst} keeps the shards written, which readers refuse; the same command " \
+        "replaces them)"
     return ConfigError(f"data source {src.location!r}: none of {what} decodes{example}, so no data set was "
                        f"written{left}; replace or remove the bad files (JPEG, PNG, WebP, BMP or GIF images) and "
                        "convert again")
@@ -236,7 +161,7 @@ def write_all(src: Source, lists: dict[str, Items], fs, root: str, dst: str, sha
                                                            "on_bad_image": cfg.on_bad_image})
     claim_destination(fs, root, dst, {"source": src.location, "format": src.format, **task,
                                       "classes": src.classes, "shards": {n: p[2] for n, p in plans.items()}})
-    keep = {n for n, p in plans.items() if complete_shard(fs, posixpath.join(root, n), p[2])}
+    keep = {n for n, p in plans.items() if kept_shard(fs, posixpath.join(root, n), p[2])}
     report = ConvertReport(dst=dst, shards_kept=len(keep))
     classes = json.dumps(src.classes)
     write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())

@@ -6,17 +6,20 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sample_data import cifar10
+from PIL import Image
+from sample_data import cifar10, pixels
 
 from ropim.cli import main as cli_main
 from ropim.data import convert as convert_mod
 from ropim.data.config import DataConfig
 from ropim.data.convert import convert
 from ropim.data.decode import decode_rgb
+from ropim.data.destination import META_KEY, PLAN
 from ropim.data.inspect import inspect_source
-from ropim.data.lists import FileList
+from ropim.data.lists import FileList, ImageList
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
@@ -186,6 +189,91 @@ def test_convert_refuses_a_split_none_of_whose_images_decodes(folder, tmp_path):
     assert pq.read_metadata(tmp_path / "out" / "train-00000.parquet").num_rows == len(good)
     with pytest.raises(ConfigError, match="split 'val' is empty"):
         open_source(DataConfig(str(tmp_path / "out"))).split("val")
+
+
+def images(root, names: dict[str, int]) -> None:
+    """``root/<class>/<name>``: 8x8 noise images of the given seeds."""
+    for rel, seed in names.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels(8, 8, seed)).save(root / rel)
+
+
+def leftover(dst, source: str, shards: int = 2, rows: int = 0) -> dict[str, bytes]:
+    """What a convert that wrote no row (an older version's, which ended with an empty data set) left in ``dst``:
+    its plan, classes.json and shards carrying its metadata, ``rows`` rows each. Returns every file's bytes."""
+    dst.mkdir()
+    metas = {f"train-{k:05d}.parquet": {"split": "train", "index": k, "shards": shards, "shard_size": 1000,
+                                        "items": 1500, "shuffle": True, "seed": 0, "format": "imagefolder",
+                                        "source": source, "on_bad_image": "skip"} for k in range(shards)}
+    for name, meta in metas.items():
+        table = pa.table({"image": [b"x"] * rows, "label": [0] * rows, "path": ["a/x.png"] * rows},
+                         schema=ImageList.SCHEMA)
+        pq.write_table(table.replace_schema_metadata({b"classes": b'["a", "b"]', META_KEY: json.dumps(meta).encode()}),
+                       dst / name)
+    (dst / "classes.json").write_text('["a", "b"]')
+    (dst / PLAN).write_text(json.dumps({"source": source, "format": "imagefolder", "classes": ["a", "b"],
+                                        "shards": metas}, indent=2))
+    return {f.name: f.read_bytes() for f in dst.iterdir()}
+
+
+def test_convert_into_an_earlier_conversion_that_holds_no_image(tmp_path, monkeypatch, capsys, caplog):
+    """A folder an earlier convert left with only empty shards (all its images failed to decode; an older version
+    ended so with exit 0) is converted into, with one line saying it was removed, whatever source it was of: the
+    same command failed until the user deleted the folder."""
+    monkeypatch.chdir(tmp_path)
+    images(tmp_path / "pics", {"a/1.png": 1, "b/2.png": 2, "b/3.png": 3})
+    leftover(tmp_path / "out", "/elsewhere/old-pics")
+    with caplog.at_level("INFO", logger="ropim"):
+        cli_main(["data", "convert", "pics", "out"])
+    assert "out: train 3 images; shards written 1, kept 0" in capsys.readouterr().out
+    assert [r.message for r in caplog.records if "earlier conversion" in r.message] == [
+        f"convert destination {tmp_path / 'out'}: removed an earlier conversion there that holds no image (2 shards "
+        "without rows, its plan and classes.json); converting afresh"]
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == ["classes.json", PLAN, "train-00000.parquet"]
+    assert json.loads((tmp_path / "out" / PLAN).read_text())["source"] == str(tmp_path / "pics")
+
+
+def test_the_same_convert_after_fixing_the_images_writes_its_empty_shards_again(folder, tmp_path, monkeypatch):
+    """All images bad into a folder that was there, then fixed: the same command converts (it kept its empty shards
+    and failed again). A source whose val images were bad, then fixed: the val shard is written again, the train
+    shard kept."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad" / "a").mkdir(parents=True)
+    (tmp_path / "bad" / "a" / "1.png").write_text("not an image")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ConfigError, match="none of its 1 images decodes .* the same command replaces them"):
+        convert(DataConfig("bad"), "out", progress=False)
+    images(tmp_path / "bad", {"a/1.png": 1})
+    assert convert(DataConfig("bad"), "out", progress=False).images == {"train": 1}
+
+    root, good, _ = folder
+    images(tmp_path / "split" / "train", {rel: 10 + i for i, rel in enumerate(good)})
+    for rel in ("cat/v.png", "dog/v.png"):
+        (tmp_path / "split" / "val" / rel).parent.mkdir(parents=True)
+        (tmp_path / "split" / "val" / rel).write_text("not an image")
+    with pytest.raises(ConfigError, match="none of the 2 images of its val split decodes"):
+        convert(DataConfig("split"), "split-out", progress=False)
+    images(tmp_path / "split" / "val", {"cat/v.png": 1, "dog/v.png": 2})
+    rep = convert(DataConfig("split"), "split-out", progress=False)
+    assert rep.images == {"train": len(good), "val": 2} and (rep.shards_kept, rep.shards_written) == (1, 1)
+
+
+def test_a_folder_with_rows_or_files_of_others_is_never_cleared(tmp_path, monkeypatch):
+    """Empty shards beside a shard with rows, a file convert did not write, or a shard that cannot be read: the
+    folder is refused as before and keeps every byte."""
+    monkeypatch.chdir(tmp_path)
+    images(tmp_path / "pics", {"a/1.png": 1, "b/2.png": 2})
+    cases = {"rows": leftover(tmp_path / "rows", "/elsewhere/old", rows=1)}
+    cases["foreign"] = leftover(tmp_path / "foreign", "/elsewhere/old")
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    cases["foreign"]["notes.txt"] = b"mine"
+    cases["cut"] = leftover(tmp_path / "cut", "/elsewhere/old")
+    (tmp_path / "cut" / "train-00001.parquet").write_bytes(cases["cut"]["train-00001.parquet"][:50])
+    cases["cut"]["train-00001.parquet"] = cases["cut"]["train-00001.parquet"][:50]
+    for name, files in cases.items():
+        with pytest.raises(ConfigError, match=f"convert destination '{tmp_path / name}' holds"):
+            convert(DataConfig("pics"), name, progress=False)
+        assert {f.name: f.read_bytes() for f in (tmp_path / name).iterdir()} == files, name
 
 
 @pytest.mark.faults  # Ctrl+C sent to a running conversion
