@@ -29,17 +29,18 @@ class BadImages:
 
     def add(self, path: str, err: BaseException | str) -> None:
         if self.policy == "fail":
-            raise BadImageError(f"{path}: cannot decode image ({err}); remove or replace the file, "
+            raise BadImageError(f"{path}: cannot decode image ({reason(err)}); remove or replace the file, "
                                 f"or set data.on_bad_image=skip to skip such files")
         self.count += 1
         if len(self.paths) < MAX_LOGGED_BAD:
             self.paths.append(path)
             more = "; further bad images are counted, not logged" if len(self.paths) == MAX_LOGGED_BAD else ""
-            log.warning(f"skipping undecodable image {path} ({err}){more}")
+            log.warning(f"skipping undecodable image {path} ({reason(err)}){more}")
 
 
 def decode_rgb(data: bytes | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """An RGB image from encoded bytes (greyscale/RGBA/palette converted) or an (H, W, 3) uint8 array.
+    """An RGB image from encoded bytes (greyscale, 16-bit greyscale, RGBA, palette converted) or an (H, W, 3) uint8
+    array.
 
     Only the ``FORMATS`` decoders are tried, and an image of more than ``max_pixels`` pixels is refused from its
     header, before decoding (a small file can declare a huge image). Raises on undecodable, truncated or oversized
@@ -52,6 +53,8 @@ def decode_rgb(data: bytes | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -
             raise ValueError(f"{img.width}x{img.height} = {img.width * img.height:,} pixels, over "
                              f"data.max_pixels={max_pixels:,}")
         img.load()  # decodes everything: truncated files raise here
+        if img.mode.startswith("I"):  # a 16-bit greyscale PNG ("I;16", "I"): its top 8 bits (convert clips at 255)
+            return Image.fromarray((np.clip(np.asarray(img), 0, 65535) >> 8).astype(np.uint8)).convert("RGB")
         if img.mode == "P" and "transparency" in img.info:
             return img.convert("RGBA").convert("RGB")
         return img.convert("RGB")
@@ -79,9 +82,14 @@ def undecodable(sample: list[tuple[str, bytes | np.ndarray | None]],
                 raise OSError("unreadable file")
             decode_rgb(data, max_pixels)
         except Exception as err:  # noqa: BLE001 — any decoder failure makes the image bad
-            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", (str(err).splitlines() or [""])[0])
-            bad.append((path, why or type(err).__name__))
+            bad.append((path, reason(err)))
     return bad
+
+
+def reason(err: BaseException | str) -> str:
+    """Why an image is bad, in one line, without PIL's ``<_io.BytesIO object at 0x…>``."""
+    why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", (str(err).splitlines() or [""])[0])
+    return why or (type(err).__name__ if isinstance(err, BaseException) else "undecodable")
 
 
 def none_decode(source: str, what: str, bad: list[tuple[str, str]]) -> ConfigError:

@@ -26,8 +26,8 @@ def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
 
 
 def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
-    """A summary of the source: format, split rule, images per split, classes, sizes of ``sample`` images and how
-    many of them do not decode.
+    """A summary of the source: format, split rule, images per split, classes, sizes of ``sample`` images, how
+    many of them do not decode, and notes (classes without images, links not followed).
 
     Up to ``sample`` images spread over both splits are decoded (over the first two shards of each split for
     Parquet, so a remote data set is not read whole); sizes and modes come from their headers. ConfigError naming
@@ -58,12 +58,18 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
         return {"min": int(a.min()), "mean": float(a.mean()), "max": int(a.max())} if len(a) else {}
 
     rule = "own" if src.own_split else f"seeded fraction {cfg.val_fraction} (seed {cfg.split_seed})"
+    counts = sum(np.bincount(v.labels, minlength=len(src.classes)) for v in splits.values())
+    empty = [c for c, n in zip(src.classes, counts, strict=True) if not n]
+    some = ", ".join(empty[:8]) + (", …" if len(empty) > 8 else "")
+    notes = src.notes + ([f"{len(empty)} of the {len(src.classes)} classes hold no image ({some}): a classifier gets "
+                          "an output it never learns; remove such folders if they are not classes"] if empty else [])
     return {
         "format": src.format, "location": src.location, "split": rule,
         "images": {s: len(v) for s, v in splits.items()},
         "num_classes": len(src.classes), "classes": list(src.classes),
         "image_size": {"sampled": len(sizes), "width": stats(w), "height": stats(h), "modes": modes},
         "undecodable": {"sampled": len(picked), "count": len(bad), "first": [f"{p}: {why}" for p, why in bad[:5]]},
+        "notes": notes,
     }
 
 
@@ -85,4 +91,5 @@ def format_summary(info: dict, n_names: int = 8) -> str:
     lines.append(f"undecodable {bad['count']} of {bad['sampled']} sampled"
                  + (f" (first: {bad['first'][0]}); training skips such images (data.on_bad_image=skip, the "
                     "default), `ropim data convert` drops them" if bad["count"] else ""))
+    lines += [f"note        {note}" for note in info.get("notes", [])]
     return "\n".join(lines)

@@ -69,6 +69,7 @@ class Source:
     classes: list[str]
     cfg: DataConfig
     pools: dict[str, Items] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list, kw_only=True)  # what a listing left out (``ropim data inspect``)
 
     @property
     def own_split(self) -> bool:
@@ -84,7 +85,8 @@ class Source:
             noun = "pairs" if self.cfg.TASK == SEGMENT else "images"
             fix = f"raise data.val_fraction or add more {noun}" if name == "val" and not self.own_split else \
                 f"add {noun}"
-            raise ConfigError(f"data source {self.cfg.source!r}: {what} is empty; {fix}")
+            also = f" ({'; '.join(self.notes)})" if self.notes else ""
+            raise ConfigError(f"data source {self.cfg.source!r}: {what} is empty{also}; {fix}")
         return items
 
     def listed(self, name: str | None, cache_files: int | None) -> Items:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 NAME = "imagefolder"
 TASKS = (CLASSIFY,)
+LAYOUT = "an ImageFolder needs ROOT/<class>/<image> (or ROOT/train/<class>/… and ROOT/val/<class>/…)"
 
 
 def inside(path: str, root: str) -> bool:
@@ -32,13 +33,16 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def walk_images(folder: str, first_only: bool = False, root: str | None = None) -> list[str]:
+def walk_images(folder: str, first_only: bool = False, root: str | None = None, seen: set[str] | None = None,
+                outside: list[str] | None = None) -> list[str]:
     """Image files below ``folder`` (sorted, recursive, a folder's files before its sub-folders'); stop at the first
-    if asked. Symbolic links are followed only to folders and files inside ``root`` (default: ``folder``), and every
-    real folder and file is listed once, so a link cycle cannot multiply the images and a link cannot leak one image
-    into both splits. One ``scandir`` per folder: only links are resolved (``realpath``), so a file costs no stat
-    call (resolving every file's path stat-ed each of its parent folders: 3.9 s for 200k files, 0.2 s without)."""
-    root_real, seen, out = os.path.realpath(root or folder), set(), []
+    if asked. Symbolic links are followed only to folders and files inside ``root`` (default: ``folder``; the links
+    to image files outside it are added to ``outside``), and every real folder and file is listed once: once in
+    ``seen`` (shared by the walks of one source), it is not listed again, so a link cycle cannot multiply the images
+    and a link cannot put one image in two classes or both splits. One ``scandir`` per folder: only links are
+    resolved (``realpath``), so a file costs no stat call (resolving every file's path stat-ed each of its parent
+    folders: 3.9 s for 200k files, 0.6 s without)."""
+    root_real, seen, out = os.path.realpath(root or folder), set() if seen is None else seen, []
     stack = [(folder, os.path.realpath(folder))]
     while stack:
         dirpath, real = stack.pop()
@@ -56,7 +60,10 @@ def walk_images(folder: str, first_only: bool = False, root: str | None = None) 
             if is_folder(entry):
                 if not entry.name.startswith("."):
                     subfolders.append((entry.path, target))
-            elif is_image(entry.name) and target not in seen and inside(target, root_real):
+            elif is_image(entry.name) and not inside(target, root_real):
+                if outside is not None:
+                    outside.append(entry.path)
+            elif is_image(entry.name) and target not in seen:
                 seen.add(target)
                 out.append(entry.path)
                 if first_only:
@@ -110,11 +117,22 @@ def check(cfg: DataConfig) -> None:
     for folder in imagefolder_splits(path).values():
         if os.path.isdir(folder) and any(walk_images(os.path.join(folder, c), True, path) for c in subdirs(folder)):
             continue
-        loose = [f for f in os.listdir(folder) if is_image(f)] if os.path.isdir(folder) else []
-        where = f"{len(loose)} images directly in {folder} but no class folders" if loose else \
-            f"no images ({'/'.join(IMAGE_EXTENSIONS)}) in class folders under {folder}"
-        raise ConfigError(f"data source {cfg.source!r}: {where}; an ImageFolder needs ROOT/<class>/<image> "
-                          f"(or ROOT/train/<class>/… and ROOT/val/<class>/…)")
+        raise ConfigError(f"data source {cfg.source!r}: {no_images(folder, path)}")
+
+
+def no_images(folder: str, root: str) -> str:
+    """Why a split folder gives no image, and the fix: loose images, links to images outside the source, or none."""
+    loose = [f for f in os.listdir(folder) if is_image(f)] if os.path.isdir(folder) else []
+    if loose:
+        return f"{len(loose)} images directly in {folder} but no class folders; {LAYOUT}"
+    outside = []
+    for c in subdirs(folder) if os.path.isdir(folder) else []:
+        walk_images(os.path.join(folder, c), root=root, outside=outside)
+    if outside:
+        return (f"its {len(outside)} images are symbolic links to files outside it (e.g. {outside[0]} -> "
+                f"{os.path.realpath(outside[0])}), which are not followed; give the folder they point into, or copy "
+                "the files in")
+    return f"no images ({'/'.join(IMAGE_EXTENSIONS)}) in class folders under {folder}; {LAYOUT}"
 
 
 def source(cfg: DataConfig, img_size: int = 32) -> Source:
@@ -122,12 +140,15 @@ def source(cfg: DataConfig, img_size: int = 32) -> Source:
     root = resolve_path(cfg.source)
     dirs = imagefolder_splits(root)
     classes = sorted({c for d in dirs.values() if os.path.isdir(d) for c in subdirs(d)})
-    pools = {}
+    pools, seen, outside = {}, set(), []
     for split, d in dirs.items():
         paths, labels = [], []
         for label, c in enumerate(classes):
-            files = walk_images(os.path.join(d, c), root=root) if os.path.isdir(os.path.join(d, c)) else []
+            folder = os.path.join(d, c)
+            files = walk_images(folder, root=root, seen=seen, outside=outside) if os.path.isdir(folder) else []
             paths += [relative(f, root) for f in files]
             labels += [label] * len(files)
         pools[split] = FileList(root, labels, paths, classes)
-    return Source(NAME, root, classes, cfg, pools)
+    notes = [f"{len(outside)} symbolic links to images outside the source are not followed (e.g. "
+             f"{relative(outside[0], root)} -> {os.path.realpath(outside[0])})"] if outside else []
+    return Source(NAME, root, classes, cfg, pools, notes=notes)

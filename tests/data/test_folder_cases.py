@@ -1,0 +1,91 @@
+"""An ImageFolder as people make them: 16-bit PNGs, upper-case extensions, links (to another class, another split,
+outside the folder), an empty class folder; what `ropim data inspect` and the readers make of each."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+from sample_data import pixels
+
+from ropim.cli import main as cli_main
+from ropim.data.config import DataConfig
+from ropim.data.convert import convert
+from ropim.data.datasets import build_dataset
+from ropim.data.decode import decode_rgb
+from ropim.data.inspect import format_summary, inspect_source
+from ropim.data.sources import open_source
+
+
+def test_a_16_bit_png_keeps_its_picture(tmp_path):
+    """A 16-bit greyscale PNG became almost white (PIL's convert clips at 255); now its top 8 bits, in the folder
+    and in its Parquet conversion."""
+    deep = np.random.default_rng(0).integers(0, 65536, (12, 12)).astype(np.uint16)
+    (tmp_path / "pics" / "a").mkdir(parents=True)
+    Image.fromarray(deep).save(tmp_path / "pics" / "a" / "deep.png")
+    Image.fromarray(pixels(12, 12, 1)).save(tmp_path / "pics" / "a" / "UPPER.PNG")
+    want = np.repeat((deep >> 8).astype(np.uint8)[..., None], 3, axis=2)
+    ds = build_dataset(DataConfig(str(tmp_path / "pics"), val_fraction=0.01), "train")
+    got = {p: np.asarray(ds[i][0]) for i, p in enumerate(ds.paths)}
+    assert set(got) == {"a/deep.png", "a/UPPER.PNG"} and np.array_equal(got["a/deep.png"], want)
+    convert(DataConfig(str(tmp_path / "pics")), str(tmp_path / "out"), progress=False)
+    shards = open_source(DataConfig(str(tmp_path / "out"))).split(None)
+    i = shards.paths.index("a/deep.png")
+    assert np.array_equal(np.asarray(decode_rgb(shards.load(i))), want)
+
+
+def test_a_bad_image_line_names_no_memory_address(tmp_path, caplog):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_text("not an image")
+    Image.fromarray(pixels(8, 8, 1)).save(tmp_path / "a" / "y.png")
+    ds = build_dataset(DataConfig(str(tmp_path), val_fraction=0.01), "train")
+    with caplog.at_level(logging.WARNING, logger="ropim"):
+        [ds[i] for i in range(len(ds))]
+    assert "skipping undecodable image a/x.png (cannot identify image file)" in caplog.text
+
+
+def test_a_link_to_an_image_of_another_class_or_split_lists_it_once(tmp_path):
+    """A link inside the folder to an image listed elsewhere gave it twice: in two classes, or in train and val
+    (the same picture scored against itself)."""
+    root = tmp_path / "split"
+    for split, rel, seed in (("train", "cat/t.png", 1), ("train", "dog/d.png", 2), ("val", "cat/v.png", 3),
+                             ("val", "dog/w.png", 4)):
+        (root / split / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels(8, 8, seed)).save(root / split / rel)
+    (root / "train" / "cat" / "peek.png").symlink_to(root / "val" / "cat" / "v.png")
+    (root / "train" / "dog" / "also.png").symlink_to(root / "train" / "cat" / "t.png")
+    src = open_source(DataConfig(str(root)))
+    listed = {s: src.split(s).paths for s in ("train", "val")}
+    real = [os.path.realpath(root / p) for s in listed.values() for p in s]
+    assert len(real) == len(set(real)) == 4, listed
+
+
+def test_links_to_images_outside_the_folder_are_named_not_silently_dropped(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "raw").mkdir()
+    for k in range(4):
+        Image.fromarray(pixels(8, 8, k)).save(tmp_path / "raw" / f"{k}.png")
+    for k, c in enumerate("aabb"):
+        (tmp_path / "farm" / c).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "farm" / c / f"{k}.png").symlink_to(tmp_path / "raw" / f"{k}.png")
+    with pytest.raises(SystemExit, match=r"farm': its 4 images are symbolic links to files outside it \(e.g. "
+                                         r".*farm/a/0.png -> .*raw/0.png\), which are not followed; give the folder"):
+        cli_main(["data", "inspect", "farm"])
+    for k, c in enumerate("aabbaabb"):
+        Image.fromarray(pixels(8, 8, 10 + k)).save(tmp_path / "farm" / c / f"real{k}.png")
+    (tmp_path / "farm" / "empty").mkdir()
+    cli_main(["data", "inspect", "farm"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
+    assert notes[0].startswith("note        4 symbolic links to images outside the source are not followed (e.g. "
+                               "a/0.png -> ")
+    assert notes[1] == ("note        1 of the 3 classes hold no image (empty): a classifier gets an output it never "
+                        "learns; remove such folders if they are not classes")
+
+
+def test_inspect_of_a_plain_folder_has_no_notes(folder):
+    root, _, _ = folder
+    info = inspect_source(DataConfig(str(root)))
+    assert info["notes"] == [] and "note" not in format_summary(info)
