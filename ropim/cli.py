@@ -99,6 +99,10 @@ def source_parser(description: str) -> ArgumentParser:
     parser.add_argument("--val-fraction", "--val_fraction", type=float, default=defaults.val_fraction,
                         help="val share where the source has no split of its own")
     parser.add_argument("--split-seed", "--split_seed", type=int, default=defaults.split_seed)
+    parser.add_argument("--follow-links", "--follow_links", type=bool, default=defaults.follow_links,
+                        help="ImageFolder: follow symbolic links to folders and images outside SRC too")
+    parser.add_argument("--max-pixels", "--max_pixels", type=int, default=defaults.max_pixels,
+                        help="larger images are bad images (a decompression-bomb guard)")
     return parser
 
 

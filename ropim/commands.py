@@ -36,7 +36,8 @@ def run_data(ns: Namespace) -> None:
         raise ConfigError("ropim data: choose convert or inspect (see `ropim data --help`)")
     args = ns[ns.action]
     cfg = DataConfig(source=args.src, format=args.format, val_fraction=args.val_fraction,
-                     split_seed=args.split_seed, on_bad_image=args.on_bad_image)
+                     split_seed=args.split_seed, on_bad_image=args.on_bad_image, follow_links=args.follow_links,
+                     max_pixels=args.max_pixels)
     if args.task == "segment":
         from ropim.data.config import SegDataConfig
 

@@ -71,18 +71,43 @@ def test_links_to_images_outside_the_folder_are_named_not_silently_dropped(tmp_p
     for k, c in enumerate("aabb"):
         (tmp_path / "farm" / c).mkdir(parents=True, exist_ok=True)
         (tmp_path / "farm" / c / f"{k}.png").symlink_to(tmp_path / "raw" / f"{k}.png")
-    with pytest.raises(SystemExit, match=r"farm': its 4 images are symbolic links to files outside it \(e.g. "
-                                         r".*farm/a/0.png -> .*raw/0.png\), which are not followed; give the folder"):
+    with pytest.raises(SystemExit, match=r"farm': no image inside it: 4 symbolic links lead outside the source \(e.g. "
+                                         r"a/0.png -> .*raw/0.png\) and are not followed; --data.follow_links true"):
         cli_main(["data", "inspect", "farm"])
     for k, c in enumerate("aabbaabb"):
         Image.fromarray(pixels(8, 8, 10 + k)).save(tmp_path / "farm" / c / f"real{k}.png")
     (tmp_path / "farm" / "empty").mkdir()
     cli_main(["data", "inspect", "farm"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
-    assert notes[0].startswith("note        4 symbolic links to images outside the source are not followed (e.g. "
-                               "a/0.png -> ")
+    assert notes[0].startswith("note        4 symbolic links lead outside the source (e.g. a/0.png -> ")
     assert notes[1] == ("note        1 of the 3 classes hold no image (empty): a classifier gets an output it never "
                         "learns; remove such folders if they are not classes")
+
+
+def test_a_subset_linked_into_a_larger_set_is_read_with_follow_links(tmp_path, monkeypatch, capsys):
+    """ImageNet-100 is usually made as class-folder links into ImageNet-1k (and file links): refused by default,
+    naming the flag; with it every linked image is listed once (a class linked twice, or a cycle, adds nothing)."""
+    monkeypatch.chdir(tmp_path)
+    for c in ("n01", "n02", "n03"):
+        (tmp_path / "big" / "train" / c).mkdir(parents=True)
+        for k in range(3):
+            Image.fromarray(pixels(8, 8, k)).save(tmp_path / "big" / "train" / c / f"{c}_{k}.png")
+    (tmp_path / "big" / "train" / "n01" / "loop").symlink_to(tmp_path / "big" / "train" / "n01")  # a cycle
+    (tmp_path / "sub" / "train" / "n03").mkdir(parents=True)
+    os.symlink("../../big/train/n01", "sub/train/n01")  # relative, as `ln -s` is often used
+    (tmp_path / "sub" / "train" / "n02").symlink_to(tmp_path / "big" / "train" / "n02")
+    (tmp_path / "sub" / "train" / "n03" / "one.png").symlink_to(tmp_path / "big" / "train" / "n03" / "n03_0.png")
+    with pytest.raises(SystemExit, match=r"sub': no image inside it: 3 symbolic links lead outside the source "
+                                         r"\(e.g. train/n01 -> .*big/train/n01\)"):
+        cli_main(["data", "inspect", "sub"])
+    cli_main(["data", "inspect", "sub", "--follow-links", "true", "--val-fraction", "0.25"])
+    assert "images      train 6  val 1" in capsys.readouterr().out  # n01: 3, n02: 3, n03: 1; n01's loop adds none
+    src = open_source(DataConfig("sub", follow_links=True).resolved().validate())
+    listed = src.split(None)
+    real = [os.path.realpath(tmp_path / "sub" / p) for p in listed.paths]
+    assert len(real) == len(set(real)) == 7 and listed.classes == ["n01", "n02", "n03"]
+    with pytest.raises(Exception, match="follow_links"):
+        DataConfig("sub").resolved().validate()
 
 
 def test_inspect_of_a_plain_folder_has_no_notes(folder):
