@@ -114,3 +114,16 @@ def test_inspect_of_a_plain_folder_has_no_notes(folder):
     root, _, _ = folder
     info = inspect_source(DataConfig(str(root)))
     assert info["notes"] == [] and "note" not in format_summary(info)
+
+
+def test_data_commands_take_the_pixel_guard(tmp_path, monkeypatch, capsys):
+    """`ropim data inspect|convert --max-pixels` is the jobs' data.max_pixels: images above it are bad images."""
+    monkeypatch.chdir(tmp_path)
+    for c, size in (("a", 8), ("b", 16)):
+        (tmp_path / "pics" / c).mkdir(parents=True)
+        for k in range(2):
+            Image.fromarray(pixels(size, size, k)).save(tmp_path / "pics" / c / f"{k}.png")
+    cli_main(["data", "inspect", "pics", "--max-pixels", "100"])
+    assert "undecodable 2 of 4 sampled" in capsys.readouterr().out  # the 16×16 images: 256 pixels > 100
+    cli_main(["data", "convert", "pics", "out", "--max-pixels", "100"])
+    assert "bad images skipped 2" in capsys.readouterr().out
