@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+
+class Cancelled(Exception):
+    """An extraction stopped because its caller's ``cancelled`` said so (the job stopped)."""
 
 
 @torch.no_grad()
 def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int = 256,
                      device: torch.device | str | None = None,
-                     num_workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_workers: int = 0,
+                     cancelled: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled features (N, D) and labels (N,) of ``dataset`` under ``encoder`` in eval mode (returned on CPU);
-    images go to ``device`` (default: where the encoder's weights are). The encoder's train/eval mode is restored."""
+    images go to ``device`` (default: where the encoder's weights are). The encoder's train/eval mode is restored.
+    ``cancelled`` is asked before each batch: True raises ``Cancelled`` (a job stopped while this ran beside it)."""
     device = device or next(encoder.parameters()).device
     was_training = encoder.training
     encoder.eval()
@@ -20,6 +28,8 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
         # a generator of its own, so that the global one is left alone (evaluations may run beside training)
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, generator=torch.Generator())
         for x, y in loader:
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"feature extraction cancelled after {len(feats)} of {len(loader)} batches")
             f = encoder.forward_head(encoder.forward_features(x.to(device)), pre_logits=True)
             feats.append(f.float().cpu())
             labels.append(torch.as_tensor(y))

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_transform
 from ropim.errors import ConfigError
-from ropim.eval.features import extract_features
+from ropim.eval.features import Cancelled, extract_features
 from ropim.eval.knn import knn_top1
 from ropim.eval.metrics import per_class_accuracy
 from ropim.tracking import registry, store
@@ -107,12 +108,15 @@ def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
 
 
 def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
-                  linear: bool = True) -> dict[str, float]:
+                  linear: bool = True, cancelled: Callable[[], bool] | None = None) -> dict[str, float]:
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
-    ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe)."""
+    ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
+    ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``."""
     tf = eval_transform(img_size)
-    train_x, train_y = extract_features(encoder, build_dataset(data, "train", tf, img_size))
-    val_x, val_y = extract_features(encoder, build_dataset(data, "val", tf, img_size))
+    train_x, train_y = extract_features(encoder, build_dataset(data, "train", tf, img_size), cancelled=cancelled)
+    val_x, val_y = extract_features(encoder, build_dataset(data, "val", tf, img_size), cancelled=cancelled)
+    if cancelled is not None and cancelled():
+        raise Cancelled("evaluation cancelled before its kNN and probe")
     scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}
     if linear:
         from ropim.eval.linear import linear_probe  # scikit-learn: loaded by the processes that probe, only

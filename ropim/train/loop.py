@@ -10,7 +10,9 @@ loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a `
 
 Speed options (``JobConfig``'s): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
-at epoch ends and recorded with the epoch that collects them; the loop waits for them only after its last epoch.
+at epoch ends and recorded with the epoch that collects them; the loop waits for them only after its last epoch (and,
+one at a time, when the next is due before the last has ended: ``ropim.train.background``); a stop or a failure ends
+the one in flight unrecorded (``drop_evaluations``).
 
 Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
 (the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
@@ -200,14 +202,18 @@ class Loop:
         due."""
         cfg, worker = self.cfg, self.worker
         last_epoch = cfg.last_epoch(self.start_epoch)
-        for epoch in range(self.start_epoch, last_epoch):
-            try:
-                self.run_epoch(epoch, last_epoch)
-            except Diverged as err:  # every rank sees the same all-reduced gradients, so all stop here
-                if worker.rank == 0:
-                    write_stop(self.task.run_dir, str(err), epoch + 1, self.step)
-                break
-        late = self.task.evaluations(wait=True)  # background evaluations still running: their epochs are saved
+        try:
+            for epoch in range(self.start_epoch, last_epoch):
+                try:
+                    self.run_epoch(epoch, last_epoch)
+                except Diverged as err:  # every rank sees the same all-reduced gradients, so all stop here
+                    if worker.rank == 0:
+                        write_stop(self.task.run_dir, str(err), epoch + 1, self.step)
+                    break
+            late = self.task.evaluations(wait=True)  # background evaluations still running: their epochs are saved
+        except BaseException:  # a stop signal or a failure: an evaluation in flight would hold the exit, unrecorded
+            self.task.drop_evaluations()
+            raise
         if late and worker.rank == 0:
             self.task.record(late)
 

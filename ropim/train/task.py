@@ -100,6 +100,10 @@ class Task(ABC):
         """Background evaluations finished so far (``wait``: all, waiting), as ``{"epoch": e, **metrics}``."""
         return []
 
+    def drop_evaluations(self) -> None:
+        """The loop is unwinding (a stop signal, a failure): end the background evaluations now, unrecorded."""
+        return None
+
     @abstractmethod
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         """Rank 0, after each epoch: the progress line, pictures."""

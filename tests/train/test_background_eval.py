@@ -4,11 +4,21 @@ the job's last report, where Tune reads it) and complete before the encoder is r
 
 from __future__ import annotations
 
+import copy
+import gc
+import signal
 import threading
+import time
+import weakref
 
+import pytest
+import torch
 from support import tiny_pretrain
 
+from ropim.eval.features import Cancelled
 from ropim.tracking import store
+from ropim.tracking.signals import Interrupted
+from ropim.train.background import Background
 from ropim.train.driver import run
 from ropim.train.pretrain import task as module
 
@@ -24,7 +34,7 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
 
     calls = []
 
-    def slow_scores(encoder, img_size, data, knn_k=20, linear=True):
+    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
         """The test hook: epoch 2's evaluation (the first) ends only after epoch 3 has been trained and recorded;
         a loop that waited for it would wait here until the timeout."""
         first = not calls
@@ -49,3 +59,115 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
     assert sorted(loss) == [1, 2, 3, 4]
     assert knn[0].timestamp >= loss[3].timestamp  # epoch 2's score was logged after epoch 3 was
     assert c.get_run(result.run_id).info.status == "FINISHED"
+
+
+def test_a_job_due_while_one_is_unfinished_waits_for_it():
+    """``make_room`` (called by ``submit``) holds the caller while ``limit`` jobs are unfinished: what keeps one
+    copy of the encoder in flight, not one per epoch."""
+    gate, bg = threading.Event(), Background("test-bg", limit=1)
+    bg.submit(1, lambda: gate.wait(10) and {"m": 1.0})
+    second = threading.Thread(target=lambda: bg.submit(2, lambda: {"m": 2.0}))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and list(bg.pending) == [1]  # still waiting for epoch 1's job
+    gate.set()
+    second.join(10)
+    assert bg.collect(wait=True) == [{"epoch": 1, "m": 1.0}, {"epoch": 2, "m": 2.0}]
+    assert bg.make_room() == 0.0  # nothing unfinished: no wait
+    bg.close()
+
+
+def test_evaluations_slower_than_epochs_do_not_pile_up(workdir, monkeypatch, caplog):
+    """eval_every=1 with an evaluation slower than the epochs (a 300-epoch rehearsal): before, the evaluations queued
+    up for the rest of the run, each holding a copy of the encoder (45 at epoch 60 of the digits preset, +9 MiB per
+    epoch) and the job's end waited for all of them. Now one runs beside training at a time, training waits for it
+    (one line says so), and every epoch's score is still recorded once."""
+    copies: weakref.WeakSet = weakref.WeakSet()  # the encoder copies made for the background thread, while alive
+    most = [0]
+    deepcopy = copy.deepcopy
+
+    def tracked(x, *args):
+        y = deepcopy(x, *args)
+        if isinstance(y, torch.nn.Module):
+            copies.add(y)
+            gc.collect()
+            most[0] = max(most[0], len(copies))
+        return y
+
+    recorded, held, log_epochs = threading.Event(), threading.Event(), store.log_epochs
+    make_room = getattr(Background, "make_room", None)  # (None before the bound existed)
+
+    def logging(run_id, epochs, uri=None):
+        log_epochs(run_id, epochs, uri)
+        if any(m["epoch"] == 4 and "loss" in m for m in epochs):
+            recorded.set()
+
+    def holding(self):
+        if any(not f.done() for f in self.pending.values()):
+            held.set()  # the loop is held until the evaluation running ends
+        return make_room(self)
+
+    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
+        """Epoch 1's evaluation lasts until epoch 4 is recorded (before) or the loop waits for it (now), then 0.1 s."""
+        while not (recorded.is_set() or held.is_set()):
+            time.sleep(0.01)
+        time.sleep(0.1)
+        return {"knn_top1": 1.0}
+
+    monkeypatch.setattr(copy, "deepcopy", tracked)
+    monkeypatch.setattr(store, "log_epochs", logging)
+    monkeypatch.setattr(module, "frozen_scores", slow_scores)
+    if make_room is not None:
+        monkeypatch.setattr(Background, "make_room", holding)
+    caplog.set_level("INFO", logger="ropim.train")
+    result = run(tiny_pretrain(run_name="eval-every-epoch", num_workers=0, epochs=5, max_steps_per_epoch=1,
+                               eval_every=1, checkpoint_every=100, registered_model="", precision="fp32"))
+    assert most[0] <= 2, most  # the copy evaluated and the next one (before: 4 by epoch 4, one per epoch)
+    knn = store.client().get_metric_history(result.run_id, "knn_top1")
+    assert sorted(m.step for m in knn) == list(range(1, 6))  # every epoch's score, once
+    waits = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+    assert len(waits) == 1 and "eval_every=1" in waits[0], waits
+
+
+def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
+    """A stop (raised here where epoch 3 is recorded) while epoch 2's evaluation runs beside training: the evaluation
+    ends at its next batch, unrecorded. Before, it ran to its end after the job had stopped, holding the process's
+    exit (Python joins the pool's thread): a 30-epoch rehearsal's SIGTERM took 8.4 s to exit instead of 4.0 s."""
+    started, ended = threading.Event(), []
+
+    def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
+        started.set()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 30 and not (cancelled is not None and cancelled()):
+            time.sleep(0.01)
+        ended.append(time.perf_counter() - t0)
+        raise Cancelled("cancelled")
+
+    log_epochs = store.log_epochs
+
+    def stopping(run_id, epochs, uri=None):
+        if any(m["epoch"] == 3 for m in epochs) and started.wait(10):
+            raise Interrupted(signal.SIGTERM)
+        log_epochs(run_id, epochs, uri)
+
+    monkeypatch.setattr(module, "frozen_scores", endless_scores)
+    monkeypatch.setattr(store, "log_epochs", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_pretrain(run_name="stopped-while-evaluating", num_workers=0, epochs=4, max_steps_per_epoch=1,
+                          eval_every=2, registered_model="", precision="fp32"))
+    assert len(ended) == 1 and ended[0] < 10, ended  # before: still running when the job had stopped
+    assert not [t for t in threading.enumerate() if t.name.startswith("ropim-eval")]
+
+
+def test_an_extraction_asked_to_end_raises_cancelled():
+    """``extract_features`` asks ``cancelled`` before each batch."""
+    from ropim.eval.features import extract_features
+
+    encoder = torch.nn.Linear(4, 2)
+    encoder.forward_features = encoder.forward
+    encoder.forward_head = lambda f, pre_logits: f
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
+    asked = []
+    with pytest.raises(Cancelled, match="after 2 of 4 batches"):
+        extract_features(encoder, data, batch_size=2, cancelled=lambda: asked.append(1) or len(asked) > 2)
+    assert extract_features(encoder, data, batch_size=2, cancelled=lambda: False)[0].shape == (8, 2)

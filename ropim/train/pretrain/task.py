@@ -13,6 +13,7 @@ import contextlib
 import copy
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,6 +63,7 @@ class PretrainTask(Task):
         super().__init__(config, worker)
         self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
         self.viz_imgs, self.background = None, Background("ropim-eval")
+        self.wait_shown = False  # the line saying training waited for a background evaluation, once per job
         if worker.rank == 0 and self.cfg.viz_every:
             self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
 
@@ -115,17 +117,24 @@ class PretrainTask(Task):
             return {}
         if final or not self.cfg.eval_async:
             return self.scores(model.encoder)
+        waited = self.background.make_room()  # one evaluation beside training at a time: one copy of the encoder
+        if waited > 0.05 and not self.wait_shown:
+            self.wait_shown = True
+            log.info(f"[pretrain] epoch {epoch}: training waited {waited:.1f} s for the previous evaluation, which "
+                     f"took longer than eval_every={self.cfg.eval_every} epochs (said once); a larger eval_every "
+                     "keeps training at full speed")
         encoder = copy.deepcopy(model.encoder)  # a copy on the same device: training changes the live weights
-        self.background.submit(epoch, lambda: self.scores(encoder))
+        self.background.submit(epoch, lambda: self.scores(encoder, self.background.cancelled))
         return {}
 
-    def scores(self, encoder: torch.nn.Module) -> dict[str, float]:
+    def scores(self, encoder: torch.nn.Module, cancelled: Callable[[], bool] | None = None) -> dict[str, float]:
         """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
-        training's kernels keep theirs)."""
+        training's kernels keep theirs); ``cancelled`` ends it early (``frozen_scores``)."""
         cfg, device = self.cfg, self.worker.device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
+            return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
+                                 cancelled=cancelled)
 
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)
@@ -135,6 +144,9 @@ class PretrainTask(Task):
         if wait:
             self.background.close()
         return done
+
+    def drop_evaluations(self) -> None:
+        self.background.close(cancel=True)  # the one in flight ends at its next batch; the process need not wait
 
     def epoch_end(self, model: ROPIM, metrics: dict) -> None:
         cfg, epoch = self.cfg, metrics["epoch"]
