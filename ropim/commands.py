@@ -58,12 +58,9 @@ def run_data(ns: Namespace) -> None:
         print(f"{rep.dst}: {images} {noun}; shards written {rep.shards_written}, kept {rep.shards_kept}; "
               f"bad {noun} skipped {rep.bad_images}")
     elif args.task == "segment":
-        from ropim.data.sources import open_source
+        from ropim.data.inspect import pairs_summary
 
-        src = open_source(cfg.resolved().validate())
-        pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
-        print(f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
-              f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})")
+        print(pairs_summary(cfg))
     else:
         from ropim.data.inspect import format_summary, inspect_source
 

@@ -8,7 +8,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from ropim.data.config import DataConfig
+from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats.parquet import ParquetList
 from ropim.data.sources import open_source
@@ -93,3 +93,13 @@ def format_summary(info: dict, n_names: int = 8) -> str:
                     "default), `ropim data convert` drops them" if bad["count"] else ""))
     lines += [f"note        {note}" for note in info.get("notes", [])]
     return "\n".join(lines)
+
+
+def pairs_summary(cfg: SegDataConfig) -> str:
+    """The lines ``ropim data inspect --task segment`` prints: format, pairs per split, classes, and notes (links
+    not followed). Every pair is listed and ``cfg.check_pairs`` of each split decoded first (``validate``)."""
+    src = open_source(cfg.resolved().validate())
+    pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
+    lines = [f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
+             f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})"]
+    return "\n".join(lines + [f"note        {note}" for note in src.notes])

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb, try_decode
+from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_mask, decode_rgb, label_map, reason, try_decode
 from ropim.errors import ConfigError
 
 IGNORE = 255  # the label of pixels that count for no class
@@ -199,16 +199,23 @@ class SegList(Items):
     def raw(self, i: int) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
         raise NotImplementedError
 
+    def mask_name(self, i: int) -> str:
+        """What messages call pair ``i``'s mask (its file where it has one)."""
+        return f"mask of {self.paths[i]}"
+
     def load(self, i: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, np.ndarray]:
         image_data, mask_data = self.raw(i)
-        image = decode_rgb(image_data, max_pixels)
-        mask = mask_data if isinstance(mask_data, np.ndarray) else np.asarray(Image.open(io.BytesIO(mask_data)))
-        if mask.ndim != 2:
-            raise ConfigError(f"mask of {self.paths[i]}: {mask.shape} is not a single-channel label map")
+        try:
+            image = decode_rgb(image_data, max_pixels)
+        except Exception as err:  # noqa: BLE001 — the pair is bad; say which of its files
+            raise ValueError(f"image {self.paths[i]}: {reason(err)}") from None
+        name = self.mask_name(i)
+        mask = label_map(mask_data, name) if isinstance(mask_data, np.ndarray) else \
+            decode_mask(mask_data, name, max_pixels)
         if self.reduce_zero_label:  # ADE20K: 0 = ignore, 1..K = classes
             mask = np.where(mask == 0, IGNORE, mask.astype(np.int64) - 1)
         mask = mask.astype(np.uint8) if mask.max(initial=0) <= 255 else mask
-        return image, check_pair(self.paths[i], image.size, mask, self.num_classes, self.reduce_zero_label)
+        return image, check_pair(name, image.size, mask, self.num_classes, self.reduce_zero_label, self.paths[i])
 
     def row(self, i: int, bad: BadImages) -> dict | None:
         """Pair ``i``'s image bytes, label map (checked, as PNG) and path; an undecodable pair follows the policy."""
@@ -223,16 +230,19 @@ class SegList(Items):
         return {"image": png(image_data), "mask": png(mask.astype(np.uint8)), "path": self.paths[i]}
 
 
-def check_pair(path: str, size: tuple[int, int], mask: np.ndarray, num_classes: int, shifted: bool) -> np.ndarray:
-    """``mask`` when it fits the image of ``size`` (W, H) and holds labels < K or 255; ConfigError otherwise."""
+def check_pair(name: str, size: tuple[int, int], mask: np.ndarray, num_classes: int, shifted: bool,
+               image: str = "") -> np.ndarray:
+    """``mask`` (``name``: its file) when it fits the image (``image``) of ``size`` (W, H) and holds labels < K or
+    255; ConfigError naming it otherwise."""
     if mask.shape != (size[1], size[0]):
-        raise ConfigError(f"{path}: mask is {mask.shape[1]}x{mask.shape[0]} but the image is {size[0]}x{size[1]}; "
-                          "a mask must have its image's size (fix or remove the pair)")
+        raise ConfigError(f"{name}: mask is {mask.shape[1]}x{mask.shape[0]} but the image is {size[0]}x{size[1]}"
+                          f"{f' ({image})' if image else ''}; a mask must have its image's size (fix or remove the "
+                          "pair)")
     bad = (mask >= num_classes) & (mask != IGNORE)
     if bad.any():
         shown = int(mask[bad].max()) + (1 if shifted else 0)
         allowed = f"1..{num_classes} (0 = ignore)" if shifted else f"0..{num_classes - 1} (255 = ignore)"
-        raise ConfigError(f"{path}: mask holds label {shown}, outside the {num_classes} classes {allowed}; fix the "
+        raise ConfigError(f"{name}: mask holds label {shown}, outside the {num_classes} classes {allowed}; fix the "
                           "mask or set data.num_classes")
     return mask
 
@@ -261,6 +271,9 @@ class FileSegList(SegList):
                  reduce_zero_label: bool) -> None:
         super().__init__(paths, num_classes, reduce_zero_label)
         self.root, self.masks = root, list(masks)
+
+    def mask_name(self, i: int) -> str:
+        return self.masks[i]
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         with open(os.path.join(self.root, self.paths[i]), "rb") as f, \

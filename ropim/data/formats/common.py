@@ -11,6 +11,7 @@ digits keep their seeded permutation; a Parquet set without a ``path`` column ha
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,35 @@ VAL_NAMES = ("val", "validation", "test")  # a folder or shard-name prefix that 
 def is_image(name: str) -> bool:
     """Whether a file name is an image's (by its extension; hidden files are not)."""
     return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether real path ``path`` is ``root`` or below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def is_folder(entry: os.DirEntry) -> bool:
+    """Whether a folder entry is a folder, through a link (False when it cannot be told)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def relative(path: str, root: str) -> str:
+    """``path`` relative to ``root`` with ``/`` separators (a prefix cut where it is one: ``relpath`` costs more than
+    the listing)."""
+    prefix = os.path.join(root, "")
+    rel = path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)
+    return rel.replace(os.sep, "/")
+
+
+def links_note(outside: list[str], root: str) -> str:
+    """What the links out of the source that were not followed are, and how to follow them (the folder formats'
+    link rule: links are followed inside the source, outside it only with ``data.follow_links``)."""
+    return (f"{len(outside)} symbolic links lead outside the source (e.g. {relative(outside[0], root)} -> "
+            f"{os.path.realpath(outside[0])}) and are not followed; --data.follow_links true follows them (`ropim "
+            "data`: --follow-links true), each real file still listed once")
 
 
 def in_val(keys, seed: int, fraction: float) -> np.ndarray:

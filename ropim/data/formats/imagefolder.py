@@ -14,7 +14,11 @@ from ropim.data.formats.common import (
     MASK_DIRS,
     VAL_NAMES,
     Source,
+    inside,
+    is_folder,
     is_image,
+    links_note,
+    relative,
 )
 from ropim.data.lists import FileList
 from ropim.errors import ConfigError
@@ -26,11 +30,6 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 NAME = "imagefolder"
 TASKS = (CLASSIFY,)
 LAYOUT = "an ImageFolder needs ROOT/<class>/<image> (or ROOT/train/<class>/… and ROOT/val/<class>/…)"
-
-
-def inside(path: str, root: str) -> bool:
-    """Whether real path ``path`` is ``root`` or below it."""
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def walk_images(folder: str, first_only: bool = False, root: str | None = None, seen: set[str] | None = None,
@@ -76,22 +75,6 @@ def walk_images(folder: str, first_only: bool = False, root: str | None = None, 
     return out
 
 
-def is_folder(entry: os.DirEntry) -> bool:
-    """Whether a folder entry is a folder, through a link (False when it cannot be told)."""
-    try:
-        return entry.is_dir()
-    except OSError:
-        return False
-
-
-def relative(path: str, root: str) -> str:
-    """``path`` relative to ``root`` with ``/`` separators (a prefix cut where it is one: ``relpath`` costs more than
-    the listing)."""
-    prefix = os.path.join(root, "")
-    rel = path[len(prefix):] if path.startswith(prefix) else os.path.relpath(path, root)
-    return rel.replace(os.sep, "/")
-
-
 def subdirs(folder: str) -> list[str]:
     return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
@@ -123,13 +106,6 @@ def check(cfg: DataConfig) -> None:
                                          for c in subdirs(folder)):
             continue
         raise ConfigError(f"data source {cfg.source!r}: {no_images(folder, path)}")
-
-
-def links_note(outside: list[str], root: str) -> str:
-    """What the links out of the source that were not followed are, and how to follow them."""
-    return (f"{len(outside)} symbolic links lead outside the source (e.g. {relative(outside[0], root)} -> "
-            f"{os.path.realpath(outside[0])}) and are not followed; --data.follow_links true follows them (`ropim "
-            "data`: --follow-links true), each real file still listed once")
 
 
 def no_images(folder: str, root: str) -> str:

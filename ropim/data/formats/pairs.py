@@ -2,7 +2,9 @@
 matched by name stem, optionally with ``train/`` + ``val/`` below each (the split; else the seeded fraction); labels
 0..K-1, 255 = ignore; K from ``ROOT/classes.json`` (a list of names) or ``data.num_classes``. ADE20K's release
 layout is such a pair too (``ropim.data.formats.ade20k``). Every pair is listed: an image without a mask, or a mask
-without an image, is refused before a job starts. No torch, no Ray, no MLflow."""
+without an image, two files of one stem, or split folders on one side only, is refused before a job starts. Links
+follow ImageFolder's rules: followed inside ROOT (each real image listed once), outside it only with
+``data.follow_links`` (a pair with a link out is left out, and noted). No torch, no Ray, no MLflow."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Source, class_names, is_image
-from ropim.data.lists import FileSegList
+from ropim.data.formats.common import (
+    IMAGE_DIRS,
+    MASK_DIRS,
+    SEGMENT,
+    Source,
+    class_names,
+    inside,
+    is_folder,
+    is_image,
+    links_note,
+)
+from ropim.data.lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 
@@ -41,28 +53,79 @@ def folder_of(root: str, names: tuple[str, ...], what: str) -> str:
                       "pair needs ROOT/images/ and ROOT/masks/ (or the ADE20K layout images/ + annotations/)")
 
 
-def stems(folder: str, images: bool) -> dict[str, str]:
-    """{name stem: path} of the images (or the masks: PNG files) directly in ``folder``."""
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        if not name.startswith(".") and (is_image(name) if images else name.lower().endswith(".png")):
-            found[os.path.splitext(name)[0]] = os.path.join(folder, name)
-    return found
+class Listing:
+    """What the listing of one source met: the real images already listed (each listed once), the links out of the
+    source not followed (``outside``), and whether to follow them (``follow``, ``data.follow_links``)."""
+
+    def __init__(self, root: str, follow: bool) -> None:
+        self.root, self.real_root, self.follow = root, os.path.realpath(root), follow
+        self.seen: set[str] = set()
+        self.outside: list[str] = []
+
+    def allowed(self, path: str, real: str) -> bool:
+        """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
+        ``outside`` gets it otherwise."""
+        if self.follow or inside(real, self.real_root):
+            return True
+        self.outside.append(path)
+        return False
+
+    def stems(self, folder: str, images: bool) -> tuple[dict[str, str], set[str]]:
+        """({name stem: path} of the image files (any case of the extension) directly in ``folder``, the stems left
+        out: links not followed and (``images``) images already listed under another name). ConfigError when two
+        files share a stem. Only links are resolved (a plain file costs no stat call)."""
+        found, left_out, real_folder = {}, set(), os.path.realpath(folder)
+        if not self.allowed(folder, real_folder):
+            return found, left_out
+        with os.scandir(folder) as listing:
+            entries = sorted((e for e in listing if is_image(e.name) and not is_folder(e)), key=lambda e: e.name)
+        for entry in entries:
+            stem = os.path.splitext(entry.name)[0]
+            if stem in found:
+                raise ConfigError(f"{found[stem]} and {entry.path} have the same name stem {stem!r}: an image and "
+                                  "its mask are matched by stem; rename or remove one of them")
+            link = entry.is_symlink()
+            real = os.path.realpath(entry.path) if link else os.path.join(real_folder, entry.name)
+            if (link and not self.allowed(entry.path, real)) or (images and real in self.seen):
+                left_out.add(stem)
+            elif images:
+                self.seen.add(real)
+            found[stem] = entry.path
+        return found, left_out
+
+    def pairs(self, image_dir: str, mask_dir: str) -> tuple[list[str], list[str]]:
+        """(images, masks) of the same stems; ConfigError naming the first image without a mask, or the reverse."""
+        (imgs, out_i), (masks, out_m) = self.stems(image_dir, True), self.stems(mask_dir, False)
+        if imgs and not masks and not out_m:
+            raise ConfigError(f"no masks in {mask_dir} for the {len(imgs)} images of {image_dir}; put each image's "
+                              "label map there as a PNG of the same name (class indices 0..K-1, 255 = ignore)")
+        for a, b, what in ((imgs, masks, "has no mask in"), (masks, imgs, "has no image in")):
+            lonely = sorted(set(a) - set(b) - out_i - out_m)
+            if lonely:
+                other = mask_dir if what == "has no mask in" else image_dir
+                raise ConfigError(f"{a[lonely[0]]} {what} {other} ({len(lonely)} such file(s)); every image needs a "
+                                  "mask of the same name (.png) and every mask an image")
+        keys = sorted(set(imgs) - out_i - out_m)
+        if not keys:
+            why = f"; {links_note(self.outside, self.root)}" if self.outside else ""
+            raise ConfigError(f"data source: no images in {image_dir}{why}")
+        return [imgs[k] for k in keys], [masks[k] for k in keys]
 
 
-def matched_pairs(image_dir: str, mask_dir: str) -> tuple[list[str], list[str]]:
-    """(images, masks) of the same stems; ConfigError naming the first image without a mask, or the reverse."""
-    imgs, masks = stems(image_dir, True), stems(mask_dir, False)
-    for a, b, what in ((imgs, masks, "has no mask in"), (masks, imgs, "has no image in")):
-        lonely = sorted(set(a) - set(b))
-        if lonely:
-            other = mask_dir if what == "has no mask in" else image_dir
-            raise ConfigError(f"{a[lonely[0]]} {what} {other} ({len(lonely)} such file(s)); every image needs a "
-                              "mask of the same name (.png) and every mask an image")
-    if not imgs:
-        raise ConfigError(f"data source: no images in {image_dir}")
-    keys = sorted(imgs)
-    return [imgs[k] for k in keys], [masks[k] for k in keys]
+def split_dirs(image_dir: str, mask_dir: str) -> dict[str, tuple[str, str]]:
+    """{split: (image folder, mask folder)}: 'train' and 'val' where both folders have them, else 'all'; ConfigError
+    when only one side has them."""
+    found = [{s: next((n for n in names if os.path.isdir(os.path.join(d, n))), None) for s, names in SPLIT_DIRS.items()}
+             for d in (image_dir, mask_dir)]
+    split = [all(f.values()) for f in found]
+    if split[0] != split[1]:
+        has, lacks = (image_dir, mask_dir) if split[0] else (mask_dir, image_dir)
+        names = "/ + ".join(found[0 if split[0] else 1].values())
+        raise ConfigError(f"{has} has split folders ({names}/) but {lacks} has not; give both the same split folders, "
+                          "or put every file directly in images/ and masks/ (split by data.val_fraction)")
+    if not split[0]:
+        return {"all": (image_dir, mask_dir)}
+    return {s: (os.path.join(image_dir, found[0][s]), os.path.join(mask_dir, found[1][s])) for s in SPLIT_DIRS}
 
 
 def folder_classes(root: str, cfg: SegDataConfig, default: int | None) -> list[str]:
@@ -72,6 +135,9 @@ def folder_classes(root: str, cfg: SegDataConfig, default: int | None) -> list[s
     if os.path.isfile(path):
         with open(path) as f:
             names = class_names(json.load(f), path)
+        if len(names) > IGNORE:
+            raise ConfigError(f"{path} names {len(names)} classes; at most {IGNORE} fit a mask (labels "
+                              f"0..{IGNORE - 1}, {IGNORE} = ignore)")
         if cfg.num_classes is not None and cfg.num_classes != len(names):
             raise ConfigError(f"data.num_classes={cfg.num_classes} but {path} names {len(names)} classes")
         return names
@@ -88,15 +154,12 @@ def folder_pairs(cfg: SegDataConfig, name: str, image_dir: str, mask_dir: str, d
     folders where both have them); ``default_classes`` set: ADE20K's labels (0 ignore, 1..K)."""
     root = resolve_path(cfg.source)
     classes = folder_classes(root, cfg, default_classes)
-    subdirs = {s: next((n for n in names if os.path.isdir(os.path.join(image_dir, n))), None)
-               for s, names in SPLIT_DIRS.items()}
-    found = {s: (os.path.join(image_dir, d), os.path.join(mask_dir, d)) for s, d in subdirs.items()} \
-        if all(subdirs.values()) else {"all": (image_dir, mask_dir)}
-    pools = {}
-    for split, dirs in found.items():
-        imgs, masks = (rel(root, files) for files in matched_pairs(*dirs))
+    listing, pools = Listing(root, cfg.follow_links), {}
+    for split, dirs in split_dirs(image_dir, mask_dir).items():
+        imgs, masks = (rel(root, files) for files in listing.pairs(*dirs))
         pools[split] = FileSegList(root, imgs, masks, len(classes), default_classes is not None)
-    return Source(name, root, classes, cfg, pools)
+    notes = [links_note(listing.outside, root)] if listing.outside else []
+    return Source(name, root, classes, cfg, pools, notes=notes)
 
 
 def rel(root: str, files: list[str]) -> list[str]:
