@@ -100,7 +100,7 @@ def source_parser(description: str) -> ArgumentParser:
                         help="val share where the source has no split of its own")
     parser.add_argument("--split-seed", "--split_seed", type=int, default=defaults.split_seed)
     parser.add_argument("--follow-links", "--follow_links", type=bool, default=defaults.follow_links,
-                        help="ImageFolder: follow symbolic links to folders and images outside SRC too")
+                        help="ImageFolder / folder pairs: follow symbolic links out of SRC too")
     parser.add_argument("--max-pixels", "--max_pixels", type=int, default=defaults.max_pixels,
                         help="larger images are bad images (a decompression-bomb guard)")
     return parser

@@ -29,8 +29,8 @@ class DataConfig:
     max_pixels: int = 25_000_000
     """larger images are bad images (a decompression-bomb guard: 2× a 12 MP photo)"""
     follow_links: bool = False
-    """ImageFolder: also follow symbolic links to folders and images outside the source (a subset linked into a
-    larger set); links inside it are always followed, and each real file is listed once either way"""
+    """ImageFolder and folder pairs: also follow symbolic links to folders and images outside the source (a subset
+    linked into a larger set); links inside it are always followed, and each real file is listed once either way"""
 
     TASK: ClassVar[str] = "classify"  # what an item is: an image with a class (``ropim.data.formats``)
     FORMATS: ClassVar[tuple[str, ...]] = ("digits", "parquet", "cifar", "imagefolder")  # the formats of the task

@@ -11,7 +11,7 @@ from PIL import Image
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats.parquet import ParquetList
-from ropim.data.sources import open_source
+from ropim.data.sources import check_pairs, open_source
 
 
 def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
@@ -97,9 +97,14 @@ def format_summary(info: dict, n_names: int = 8) -> str:
 
 def pairs_summary(cfg: SegDataConfig) -> str:
     """The lines ``ropim data inspect --task segment`` prints: format, pairs per split, classes, and notes (links
-    not followed). Every pair is listed and ``cfg.check_pairs`` of each split decoded first (``validate``)."""
+    not followed, pairs that do not decode). Every pair is listed and ``cfg.check_pairs`` of each split decoded
+    (``validate``)."""
     src = open_source(cfg.resolved().validate())
     pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
     lines = [f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
              f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})"]
+    sampled, bad = check_pairs(src, cfg.check_pairs) if src.format != "digits" else (0, [])
+    if bad:
+        lines.append(f"undecodable {len(bad)} of {sampled} sampled pairs (first: {bad[0][0]}: {bad[0][1]}); training "
+                     "skips such pairs (data.on_bad_image=skip, the default), `ropim data convert` drops them")
     return "\n".join(lines + [f"note        {note}" for note in src.notes])

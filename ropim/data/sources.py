@@ -71,19 +71,31 @@ def check_source(cfg: DataConfig) -> str:
     return fmt.NAME
 
 
-def check_pairs(src: Source, n: int) -> None:
-    """Decode ``n`` pairs of each split, spread evenly; ConfigError naming the first that does not fit or read."""
+def check_pairs(src: Source, n: int) -> tuple[int, list[tuple[str, str]]]:
+    """Decode ``n`` pairs of each split, spread evenly; ConfigError naming the first that does not fit (size, labels,
+    mask format). An unreadable or undecodable pair is an error under ``on_bad_image=fail``; under ``skip`` (the
+    job skips it too) only when no sampled pair of a split decodes. Returns (pairs sampled, (path, why) of each
+    skipped one)."""
+    sampled, skipped = 0, []
     for split in ("train", "val"):
         found = src.split(split)
         k = min(len(found), n)
-        for i in np.unique(np.linspace(0, len(found) - 1, k).round().astype(int)) if k else []:
+        bad = []
+        picked = np.unique(np.linspace(0, len(found) - 1, k).round().astype(int)) if k else []
+        for i in picked:
             try:
                 found.load(int(i), src.cfg.max_pixels)
             except ConfigError:
                 raise
             except Exception as err:  # noqa: BLE001 — an unreadable or undecodable file
-                raise ConfigError(f"{found.paths[int(i)]}: cannot read the image or its mask ({err}); fix or remove "
-                                  "the pair") from None
+                bad.append((found.paths[int(i)], str(err)))
+                if src.cfg.on_bad_image == "fail":
+                    raise ConfigError(f"{bad[0][0]}: cannot read the pair ({err}); fix or remove it, or give "
+                                      "--data.on_bad_image skip") from None
+        if len(picked) and len(bad) == len(picked):
+            raise none_decode(src.cfg.source, f"the {len(picked)} pairs sampled from the {split} split", bad)
+        sampled, skipped = sampled + len(picked), skipped + bad
+    return sampled, skipped
 
 
 def open_source(cfg: DataConfig, img_size: int = 32) -> Source:

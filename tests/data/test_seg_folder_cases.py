@@ -142,8 +142,29 @@ def test_mask_errors_name_the_mask_file(cwd):
     Image.fromarray(labels(2)).save(root / "masks" / "p2.png")
     data = (root / "masks" / "p5.png").read_bytes()
     (root / "masks" / "p5.png").write_bytes(data[:len(data) // 2])
-    shown = run_cli_here("data", "inspect", "wrong", "--task", "segment", cwd=cwd)
+    shown = run_cli_here("data", "inspect", "wrong", "--task", "segment", "--on-bad-image", "fail", cwd=cwd)
     assert shown.returncode == 1 and "(mask masks/p5.png: image file is truncated)" in shown.stderr
+
+
+def test_a_bad_pair_follows_the_policy_in_pre_flight(cwd):
+    """A mask cut short among the sampled pairs stopped even an on_bad_image=skip job before it began (the job
+    itself skips such a pair): now skip counts it, fail stops naming it, and a split none of whose sampled pairs
+    decodes stops either way."""
+    root = write_pairs(cwd / "cut")
+    for i in (5, 6):
+        data = (root / "masks" / f"p{i}.png").read_bytes()
+        (root / "masks" / f"p{i}.png").write_bytes(data[:len(data) // 2])
+    shown = run_cli_here("data", "inspect", "cut", "--task", "segment", cwd=cwd)
+    assert shown.returncode == 0, shown.stderr
+    assert "undecodable 2 of 8 sampled pairs (first: images/p5.png: mask masks/p5.png: image file is truncated)" \
+        in shown.stdout
+    assert SegDataConfig("cut").resolved().validate().on_bad_image == "skip"  # pre-flight passes; the job skips them
+    with pytest.raises(ConfigError, match=r"^images/p5.png: cannot read the pair .*give --data.on_bad_image skip"):
+        SegDataConfig("cut", on_bad_image="fail").validate()
+    for i in range(8):
+        (root / "masks" / f"p{i}.png").write_bytes(b"\x89PNG cut")
+    with pytest.raises(ConfigError, match="none of the 7 pairs sampled from the train split decodes"):
+        SegDataConfig("cut").validate()
 
 
 def test_layout_mistakes_get_one_line_each(cwd):

@@ -24,8 +24,22 @@ from ropim.train.jobs import JOBS
 from ropim.train.pretrain.config import PretrainConfig
 
 BEFORE = json.loads(Path(__file__).with_name("jobs_before.json").read_text())
-# fields added since, on purpose, with defaults that keep the old behaviour: pretraining's DataLoader processes
-ADDED = {"pretrain": {"dataloader_workers": 0}}
+# fields added since, on purpose, with defaults that keep the old behaviour: pretraining's DataLoader processes;
+# every job's data.follow_links (links out of an ImageFolder or a folder pair's root stay unfollowed)
+ADDED = {name: {"data.follow_links": False, **({"dataloader_workers": 0} if name == "pretrain" else {})}
+         for name in BEFORE}
+
+
+def with_added(defaults: dict, added: dict) -> dict:
+    """``defaults`` with the ``added`` fields (dotted keys reach into a section)."""
+    out = json.loads(json.dumps(defaults))
+    for key, value in added.items():
+        *sections, field = key.split(".")
+        node = out
+        for section in sections:
+            node = node[section]
+        node[field] = value
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE))
@@ -35,7 +49,7 @@ def test_flags_and_defaults_are_unchanged(name):
     added = ADDED.get(name, {})
     assert sorted(set(re.findall(r"^\s+(--[\w.]+)", help_text, re.M))) == sorted(
         BEFORE[name]["flags"] + [f"--{k}" for k in added])
-    assert json.loads(json.dumps(cls().to_dict())) == {**BEFORE[name]["defaults"], **added}
+    assert json.loads(json.dumps(cls().to_dict())) == with_added(BEFORE[name]["defaults"], added)
     assert cls.from_dict(cls().to_dict()) == cls()
 
 
