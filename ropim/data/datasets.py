@@ -146,6 +146,13 @@ def eval_transform(img_size: int) -> EvalTransform:
     return EvalTransform(img_size)
 
 
+def eval_splits(data: DataConfig, img_size: int) -> tuple[Dataset, Dataset]:
+    """(train, val) of ``data`` under the eval transform, from one listing of the source."""
+    src = open_source(data, img_size)
+    return tuple(build_dataset(data, split, eval_transform(img_size), img_size, source=src)
+                 for split in ("train", "val"))
+
+
 def validation_images(data: DataConfig, img_size: int, n: int = 6, split: str = "val") -> torch.Tensor:
     """The first ``n`` images of ``split`` (deterministic, eval transform): normalized (n, C, H, W)."""
     ds = build_dataset(data, split, eval_transform(img_size), img_size)

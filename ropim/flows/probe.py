@@ -22,8 +22,7 @@ from torch.utils.data import Dataset
 from ropim.checks import check_encoder_input
 from ropim.console import ensure_logging
 from ropim.data.config import DataConfig
-from ropim.data.datasets import ImageArrayDataset, ImageListDataset, build_dataset, eval_transform
-from ropim.data.sources import open_source
+from ropim.data.datasets import ImageArrayDataset, ImageListDataset, eval_splits
 from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_probe
 from ropim.eval.linear import linear_probe
@@ -59,9 +58,7 @@ def probe_splits(ref: EncoderRef, data: DataConfig, img_size: int) -> tuple[Data
     """(train, val) under the eval transform, from one listing of the source, after checking the encoder's input
     (RGB, ``img_size`` a multiple of its patch size); ConfigError when a split holds no image."""
     check_encoder_input(ref.uri, ref.config, img_size)
-    src = open_source(data, img_size)
-    return tuple(build_dataset(data, split, eval_transform(img_size), img_size, source=src)
-                 for split in ("train", "val"))
+    return eval_splits(data, img_size)
 
 
 def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: DataConfig, img_size: int,

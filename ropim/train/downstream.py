@@ -17,7 +17,7 @@ from ropim.checks import check_encoder_input
 from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
-from ropim.data.datasets import build_dataset, eval_transform
+from ropim.data.datasets import build_dataset, eval_splits, eval_transform
 from ropim.errors import ConfigError
 from ropim.eval.features import Cancelled, extract_features
 from ropim.eval.knn import knn_top1
@@ -112,9 +112,9 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``."""
-    tf = eval_transform(img_size)
-    train_x, train_y = extract_features(encoder, build_dataset(data, "train", tf, img_size), cancelled=cancelled)
-    val_x, val_y = extract_features(encoder, build_dataset(data, "val", tf, img_size), cancelled=cancelled)
+    train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
+    train_x, train_y = extract_features(encoder, train_set, cancelled=cancelled)
+    val_x, val_y = extract_features(encoder, val_set, cancelled=cancelled)
     if cancelled is not None and cancelled():
         raise Cancelled("evaluation cancelled before its kNN and probe")
     scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}
