@@ -4,6 +4,7 @@ its images do not decode, in a sample."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 from PIL import Image
@@ -97,9 +98,9 @@ def format_summary(info: dict, n_names: int = 8) -> str:
 
 def pairs_summary(cfg: SegDataConfig) -> str:
     """The lines ``ropim data inspect --task segment`` prints: format, pairs per split, classes, and notes (links
-    not followed, pairs that do not decode). Every pair is listed and ``cfg.check_pairs`` of each split decoded
-    (``validate``)."""
-    src = open_source(cfg.resolved().validate())
+    not followed, pairs that do not decode). Every pair is listed and ``cfg.check_pairs`` of each split decoded,
+    once: here (``validate``'s own sample left out), to count the pairs it skips."""
+    src = open_source(replace(cfg.resolved(), check_pairs=0).validate())
     pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
     lines = [f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
              f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})"]
