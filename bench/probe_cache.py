@@ -24,8 +24,10 @@ import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+from record import provenance, write_json  # bench/, beside this file
 
 from ropim.core.backbone import encoder_spec
 from ropim.data.config import DataConfig
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--vitb-images", type=int, default=32, help="0: skip ViT-B/16 (slow on a CPU)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
     args = parser.parse_args()
+    t0 = time.perf_counter()
     if bool(args.tree) == bool(args.synthetic):
         parser.error("give TREE or --synthetic N")
     tmp = tempfile.mkdtemp(prefix="ropim-probe-cache-") if args.synthetic else None
@@ -137,12 +140,11 @@ def main() -> None:
     finally:
         if tmp:
             shutil.rmtree(tmp)
-    result["target"] = args.target
+    result.update(target=args.target, **provenance("bench/probe_cache.py", None, t0))
     print(table(result, args.target))
     print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(result, Path(args.out))
 
 
 if __name__ == "__main__":
