@@ -140,7 +140,7 @@ def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 30 and not (cancelled is not None and cancelled()):
             time.sleep(0.01)
-        ended.append(time.perf_counter() - t0)
+        ended.append("cancelled" if cancelled is not None and cancelled() else "ran to its end")
         raise Cancelled("cancelled")
 
     log_epochs = store.log_epochs
@@ -155,7 +155,7 @@ def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(tiny_pretrain(run_name="stopped-while-evaluating", num_workers=0, epochs=4, max_steps_per_epoch=1,
                           eval_every=2, registered_model="", precision="fp32"))
-    assert len(ended) == 1 and ended[0] < 10, ended  # before: still running when the job had stopped
+    assert ended == ["cancelled"], ended  # before: it ran to its end after the job had stopped
     assert not [t for t in threading.enumerate() if t.name.startswith("ropim-eval")]
 
 
