@@ -56,12 +56,40 @@ def relative(path: str, root: str) -> str:
     return rel.replace(os.sep, "/")
 
 
-def links_note(outside: list[str], root: str) -> str:
-    """What the links out of the source that were not followed are, and how to follow them (the folder formats'
-    link rule: links are followed inside the source, outside it only with ``data.follow_links``)."""
-    return (f"{len(outside)} symbolic links lead outside the source (e.g. {relative(outside[0], root)} -> "
-            f"{os.path.realpath(outside[0])}) and are not followed; --data.follow_links true follows them (`ropim "
-            "data`: --follow-links true), each real file still listed once")
+class Listing:
+    """One listing of a folder source under the folder formats' link rule: links are followed inside ``root``, and
+    outside it only with ``follow`` (``data.follow_links``); those not followed are kept in ``outside`` and named by
+    ``notes``. Every real folder and file is met once (``first``), so a link cycle cannot multiply the images and a
+    link cannot put one image in two classes or both splits."""
+
+    def __init__(self, root: str, follow: bool = False) -> None:
+        self.root, self.real_root, self.follow = root, os.path.realpath(root), follow
+        self.seen: set[str] = set()
+        self.outside: list[str] = []
+
+    def allowed(self, path: str, real: str) -> bool:
+        """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
+        ``outside`` gets it otherwise."""
+        if self.follow or inside(real, self.real_root):
+            return True
+        self.outside.append(path)
+        return False
+
+    def first(self, real: str) -> bool:
+        """Whether real path ``real`` is met for the first time in this listing (it is remembered)."""
+        if real in self.seen:
+            return False
+        self.seen.add(real)
+        return True
+
+    def notes(self) -> list[str]:
+        """The links out of the source that were not followed, and how to follow them (none: [])."""
+        if not self.outside:
+            return []
+        first = self.outside[0]
+        return [f"{len(self.outside)} symbolic links lead outside the source (e.g. {relative(first, self.root)} -> "
+                f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them (`ropim "
+                "data`: --follow-links true), each real file still listed once"]
 
 
 def in_val(keys, seed: int, fraction: float) -> np.ndarray:

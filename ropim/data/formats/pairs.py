@@ -12,17 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import (
-    IMAGE_DIRS,
-    MASK_DIRS,
-    SEGMENT,
-    Source,
-    class_names,
-    inside,
-    is_folder,
-    is_image,
-    links_note,
-)
+from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Listing, Source, class_names, is_folder, is_image
 from ropim.data.lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -53,22 +43,8 @@ def folder_of(root: str, names: tuple[str, ...], what: str) -> str:
                       "pair needs ROOT/images/ and ROOT/masks/ (or the ADE20K layout images/ + annotations/)")
 
 
-class Listing:
-    """What the listing of one source met: the real images already listed (each listed once), the links out of the
-    source not followed (``outside``), and whether to follow them (``follow``, ``data.follow_links``)."""
-
-    def __init__(self, root: str, follow: bool) -> None:
-        self.root, self.real_root, self.follow = root, os.path.realpath(root), follow
-        self.seen: set[str] = set()
-        self.outside: list[str] = []
-
-    def allowed(self, path: str, real: str) -> bool:
-        """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
-        ``outside`` gets it otherwise."""
-        if self.follow or inside(real, self.real_root):
-            return True
-        self.outside.append(path)
-        return False
+class PairListing(Listing):
+    """A listing of folder pairs under the folder formats' link rule (``Listing``): images and masks matched by stem."""
 
     def stems(self, folder: str, images: bool) -> tuple[dict[str, str], set[str]]:
         """({name stem: path} of the image files (any case of the extension) directly in ``folder``, the stems left
@@ -86,10 +62,8 @@ class Listing:
                                   "its mask are matched by stem; rename or remove one of them")
             link = entry.is_symlink()
             real = os.path.realpath(entry.path) if link else os.path.join(real_folder, entry.name)
-            if (link and not self.allowed(entry.path, real)) or (images and real in self.seen):
+            if (link and not self.allowed(entry.path, real)) or (images and not self.first(real)):
                 left_out.add(stem)
-            elif images:
-                self.seen.add(real)
             found[stem] = entry.path
         return found, left_out
 
@@ -107,7 +81,7 @@ class Listing:
                                   "mask of the same name (.png) and every mask an image")
         keys = sorted(set(imgs) - out_i - out_m)
         if not keys:
-            why = f"; {links_note(self.outside, self.root)}" if self.outside else ""
+            why = "".join(f"; {note}" for note in self.notes())
             raise ConfigError(f"data source: no images in {image_dir}{why}")
         return [imgs[k] for k in keys], [masks[k] for k in keys]
 
@@ -154,12 +128,11 @@ def folder_pairs(cfg: SegDataConfig, name: str, image_dir: str, mask_dir: str, d
     folders where both have them); ``default_classes`` set: ADE20K's labels (0 ignore, 1..K)."""
     root = resolve_path(cfg.source)
     classes = folder_classes(root, cfg, default_classes)
-    listing, pools = Listing(root, cfg.follow_links), {}
+    listing, pools = PairListing(root, cfg.follow_links), {}
     for split, dirs in split_dirs(image_dir, mask_dir).items():
         imgs, masks = (rel(root, files) for files in listing.pairs(*dirs))
         pools[split] = FileSegList(root, imgs, masks, len(classes), default_classes is not None)
-    notes = [links_note(listing.outside, root)] if listing.outside else []
-    return Source(name, root, classes, cfg, pools, notes=notes)
+    return Source(name, root, classes, cfg, pools, notes=listing.notes())
 
 
 def rel(root: str, files: list[str]) -> list[str]:
