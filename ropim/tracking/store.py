@@ -145,11 +145,16 @@ def log_epochs(run_id: str, epochs: list[dict[str, float]], uri: str | None = No
     has at that epoch is left as it is (a run restarted from an earlier checkpoint trains those epochs again)."""
     c, now = client(uri), int(time.time() * 1000)
     keys = {k for m in epochs for k in m if k != "epoch"}
-    have = {k: {h.step for h in c.get_metric_history(run_id, k)} for k in keys}
+    have = {k: metric_steps(run_id, k, uri) for k in keys}
     metrics = [Metric(k, float(v), now, int(m["epoch"])) for m in epochs for k, v in m.items()
                if k != "epoch" and int(m["epoch"]) not in have[k]]
     if metrics:
         c.log_batch(run_id, metrics=metrics)
+
+
+def metric_steps(run_id: str, key: str, uri: str | None = None) -> set[int]:
+    """The steps (epochs, for a job's metrics) at which the run holds metric ``key``."""
+    return {m.step for m in client(uri).get_metric_history(run_id, key)}
 
 
 def set_tags(run_id: str, tags: dict[str, object], uri: str | None = None) -> None:

@@ -116,10 +116,9 @@ def failed(p: Prepared, mlflow_run: Run, why: str) -> str:
     then, the uploads Ray never registered (removed), how to continue."""
     cfg = p.cfg
     removed = remove_uncommitted(run_dir(cfg)) if cfg.num_workers > 0 else []
-    c = store.client(p.tracking)
-    last = max((m.step for m in c.get_metric_history(mlflow_run.run_id, "epoch_time_s")), default=0)
+    last = max(store.metric_steps(mlflow_run.run_id, "epoch_time_s", p.tracking), default=0)
     kept = f"epoch {last}/{cfg.epochs} recorded last" if last else "no epoch recorded"
-    rss = c.get_run(mlflow_run.run_id).data.metrics.get("peak_rss_mb")
+    rss = store.client(p.tracking).get_run(mlflow_run.run_id).data.metrics.get("peak_rss_mb")
     if rss is not None:
         kept += f", workers at {rss / 1024:.1f} GiB peak RSS"
     cleaned = f"; removed {len(removed)} checkpoint upload(s) Ray never registered ({', '.join(removed)})" \

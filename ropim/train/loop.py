@@ -12,7 +12,8 @@ Speed options (``JobConfig``'s): ``channels_last`` weights, ``compile`` (torch.c
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
 at epoch ends and recorded with the epoch that collects them; the loop waits for them only after its last epoch (and,
 one at a time, when the next is due before the last has ended: ``ropim.train.background``); a stop or a failure ends
-the one in flight unrecorded (``drop_evaluations``).
+the one in flight unrecorded (``drop_evaluations``), and the job that continues from that epoch's checkpoint evaluates
+it again (the task's ``resumed``).
 
 Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
 (the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
@@ -203,6 +204,8 @@ class Loop:
         cfg, worker = self.cfg, self.worker
         last_epoch = cfg.last_epoch(self.start_epoch)
         try:
+            if self.start_epoch > 0:
+                self.task.resumed(self.model, self.start_epoch)
             for epoch in range(self.start_epoch, last_epoch):
                 try:
                     self.run_epoch(epoch, last_epoch)

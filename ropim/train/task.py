@@ -96,6 +96,11 @@ class Task(ABC):
         epoch), a task may start the evaluation in the background and return {} (``evaluations`` collects it)."""
         return {}
 
+    def resumed(self, model: torch.nn.Module, epoch: int) -> None:
+        """Called on every rank once the checkpoint of epoch ``epoch`` (1-based) is restored, before training goes on
+        (e.g. to evaluate that epoch again when a stop cut its evaluation short)."""
+        return None
+
     def evaluations(self, wait: bool) -> list[dict]:
         """Background evaluations finished so far (``wait``: all, waiting), as ``{"epoch": e, **metrics}``."""
         return []

@@ -159,6 +159,48 @@ def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name.startswith("ropim-eval")]
 
 
+def test_a_resume_evaluates_the_epoch_whose_evaluation_a_stop_cut_short(workdir, monkeypatch, caplog):
+    """The stop above, then the same job again: it resumes from epoch 2's checkpoint, which is not trained again, so
+    it evaluates those restored weights beside training. Before, the run never had a kNN score for epoch 2."""
+    started = threading.Event()
+
+    def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
+        started.set()
+        while not cancelled():
+            time.sleep(0.01)
+        raise Cancelled("cancelled")
+
+    log_epochs = store.log_epochs
+
+    def stopping(run_id, epochs, uri=None):
+        if any(m["epoch"] == 3 for m in epochs) and started.wait(10):
+            raise Interrupted(signal.SIGTERM)
+        log_epochs(run_id, epochs, uri)
+
+    cfg = tiny_pretrain(run_name="resumed-after-evaluating", num_workers=0, epochs=4, max_steps_per_epoch=1,
+                        eval_every=2, registered_model="", precision="fp32")
+    with monkeypatch.context() as m:
+        m.setattr(module, "frozen_scores", endless_scores)
+        m.setattr(store, "log_epochs", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            run(cfg)
+    scored = []
+
+    def scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
+        scored.append(sum(float(p.detach().sum()) for p in encoder.parameters()))
+        return {"knn_top1": 50.0 + len(scored)}
+
+    monkeypatch.setattr(module, "frozen_scores", scores)
+    caplog.set_level("INFO", logger="ropim.train")
+    result = run(cfg)
+    knn = sorted(store.client().get_metric_history(result.run_id, "knn_top1"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in knn] == [(2, 51.0), (4, 52.0)]  # epoch 2 scored first, on its own weights
+    said = [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]
+    assert said == ["[pretrain] epoch 2's evaluation did not finish before the job stopped: evaluating the restored "
+                    "weights beside training"]
+    assert len(set(scored)) == 2  # two sets of weights: epoch 2's (restored), epoch 4's
+
+
 def test_an_extraction_asked_to_end_raises_cancelled():
     """``extract_features`` asks ``cancelled`` before each batch."""
     from ropim.eval.features import extract_features

@@ -127,6 +127,18 @@ class PretrainTask(Task):
         self.background.submit(epoch, lambda: self.scores(encoder, self.background.cancelled))
         return {}
 
+    def resumed(self, model: ROPIM, epoch: int) -> None:
+        """A stop ends the evaluation beside training unrecorded (``drop_evaluations``): when it was that of the
+        restored epoch, which is not trained again, evaluate the restored weights now, beside training."""
+        cfg = self.cfg
+        if self.worker.rank != 0 or not cfg.eval_async or not cfg.eval_every or epoch % cfg.eval_every:
+            return
+        if epoch in store.metric_steps(self.run_id, "knn_top1", self.tracking):
+            return
+        log.info(f"[pretrain] epoch {epoch}'s evaluation did not finish before the job stopped: evaluating the "
+                 "restored weights beside training")
+        self.evaluate(model, epoch, final=False)
+
     def scores(self, encoder: torch.nn.Module, cancelled: Callable[[], bool] | None = None) -> dict[str, float]:
         """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
         training's kernels keep theirs); ``cancelled`` ends it early (``frozen_scores``)."""
