@@ -209,11 +209,11 @@ def build_parser(only: str | None = None) -> tuple[ArgumentParser, dict[str, obj
     return parser, found
 
 
-def typed_fields(parser: ArgumentParser, argv: list[str], command: str) -> frozenset[str]:
-    """The dotted names of the fields ``argv`` gives ``command``: its flags and the config files it names, whatever
-    their values (a value equal to the default is given all the same), without the defaults."""
-    given = parser.parse_args(argv, defaults=False)[command]
-    return frozenset(k for k, _ in given.items() if k not in ("config", "resume"))
+def typed_fields(parser: ArgumentParser, argv: list[str], command: str | None = None) -> frozenset[str]:
+    """The dotted names of the fields ``argv`` gives (``command``: that subcommand): its flags and the config files
+    it names, whatever their values (a value equal to the default is given all the same), without the defaults."""
+    given = parser.parse_args(argv, defaults=False)
+    return frozenset(k for k, _ in (given[command] if command else given).items() if k not in ("config", "resume"))
 
 
 def check_sections(ns: Namespace, cls: type, prefix: str = "") -> None:
@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
         if args.command in (jobs := job_commands()):
             check_sections(args[args.command], jobs[args.command][0])
         ns = args[args.command] if args.command in ("data", "models") else parser.instantiate(args)[args.command]
-        if args.command in plugin_commands:
-            plugin_commands[args.command].run(ns)
+        if args.command in plugin_commands:  # a plugin's run(ns, typed): typed as for the jobs' --resume
+            plugin_commands[args.command].run(ns, typed_fields(parser, argv, args.command))
         elif ns.get("resume"):  # the stored run, changed only where this command line says so
             commands.run_job(args.command, ns, typed_fields(parser, argv, args.command))
         else:

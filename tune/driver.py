@@ -25,6 +25,9 @@ from tune.study import study_storage
 from tune.trial import trial_driver
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
+# the stored sweep's fields a continued sweep may change: how many trials run at once, and what ``--resume`` lets
+# the command line change (``tune.sweep.RESUMABLE``: registration)
+CHANGEABLE = ("max_concurrent", "register", "pretrain.registered_model")
 
 
 def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
@@ -82,7 +85,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
     check_tracking(uri)
     params = {k: v for k, v in cfg.to_dict().items() if k != "pretrain"} | {"pretrain": cfg.pretrain}
     with open_run(experiment=cfg.experiment, name=cfg.name, storage_path=cfg.storage_path, config=cfg.to_dict(),
-                  resumable=("max_concurrent",), params=params, config_artifact="sweep/config.json", uri=uri,
+                  resumable=CHANGEABLE, params=params, config_artifact="sweep/config.json", uri=uri,
                   tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
                   resume=cfg.resume_command) as run:
         meta = run.meta

@@ -9,10 +9,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ropim.errors import JobFailed
+from ropim.errors import ConfigError, JobFailed
 from ropim.paths import is_uri
 from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
+from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.pretrain.register import register_encoder
@@ -111,7 +112,12 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
     full = apply_trial(cfg.pretrain, best["config"])
     trial_cfg = PretrainConfig.from_dict(full)
     with Checkpoint(best["checkpoint"]).as_directory() as folder:
-        encoder_uri = register_encoder(trial_cfg, None, best["mlflow_run"], Path(folder), uri)
+        try:
+            encoder_uri = register_encoder(trial_cfg, None, best["mlflow_run"], Path(folder), uri)
+        except MixedKinds as err:
+            raise ConfigError(f"{err.found}, which appeared after the pre-flight (one registered model holds one "
+                              f"kind): nothing registered; the sweep keeps its trials: register its best encoder "
+                              f"with `{cfg.resume_command} --registered_model {err.suggested}`") from None
     name, version = registry.resolve_version(encoder_uri, uri)
     c = store.client(uri)
     for k, v in {"sweep": cfg.name, "sweep_run_id": parent_run_id, "trial_config": json.dumps(best["config"]),

@@ -6,11 +6,13 @@
 One jsonargparse parser: ``--preset NAME`` (``tune/presets/``) / ``--config FILE`` for the sweep,
 ``--pretrain-preset NAME`` / ``--pretrain-config FILE`` for the pretraining run every trial starts from (default
 preset: rho_ablation on digits_demo), the sweep's own flags, and every ``ropim pretrain`` flag, applied in order.
-``--resume NAME`` continues the sweep NAME with its stored config.
+``--resume NAME`` continues the sweep NAME with its stored config; of the flags given beside it, those of
+``RESUMABLE`` change it and any other whose value differs from the stored one is refused (as a job's ``--resume``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from argparse import ArgumentError
 from dataclasses import asdict, fields
@@ -19,10 +21,11 @@ from typing import TYPE_CHECKING, Literal
 
 from jsonargparse import ArgumentParser, Namespace
 
-from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stopped
+from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stopped, typed_fields
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.console import quiet_console
 from ropim.train.finetune.config import FinetuneConfig
+from ropim.train.jobs import field_value
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
 from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
 # PretrainConfig fields the sweep sets itself (per trial, or as the sweep's own flag of the same name)
 NOT_PRETRAIN_FLAGS = {"storage_path", "experiment", "run_name", "num_workers", "cpus_per_worker"}
 HELP = "sweep rho / lr / epochs on Ray Tune (+ Optuna); register the best encoder"
+# what may change when a sweep is continued: whether and as what its best encoder is registered (a registered model
+# found holding classifiers at the end of a sweep, say); the trials already run fix everything else
+RESUMABLE = ("register", "registered_model")
 
 
 def parser() -> ArgumentParser:
@@ -48,7 +54,8 @@ def parser() -> ArgumentParser:
                    help="sweep (--preset NAME, --config FILE) or pretraining (--pretrain-preset NAME, "
                         "--pretrain-config FILE) settings; default preset rho_ablation; applied where they stand")
     p.add_argument("--resume", type=str | None, default=None,
-                   help="continue the sweep NAME (under --storage-path) with its stored config; other flags ignored")
+                   help="continue the sweep NAME (under --storage-path) with its stored config; of the flags given "
+                        f"beside it, {' and '.join('--' + k for k in RESUMABLE)} change it, any other is refused")
     p.add_argument("--preset_name", "--preset-name", type=str, default="rho_ablation",
                    help="the preset's name, recorded with the sweep (set by the preset files)")
     p.add_argument("--search", type=Literal[SEARCHES], default="grid", help="grid, or tpe (Optuna)")
@@ -85,38 +92,70 @@ def parser() -> ArgumentParser:
     return p
 
 
-def config_from_namespace(ns: Namespace) -> SweepConfig:
-    """The sweep config from the parsed (instantiated) flags; ``--resume NAME`` loads the stored one."""
-    if ns.resume:
-        from ropim.checks import check_location
-        from ropim.errors import ConfigError
-        from ropim.tracking.run_meta import read_run_meta
-
-        check_location(ns.storage_path, "storage_path")
-        meta = read_run_meta(ns.storage_path, ns.resume)
-        if meta is None:
-            raise ConfigError(f"--resume {ns.resume}: no sweep of that name under --storage-path {ns.storage_path}")
-        return SweepConfig.from_dict(meta["config"])
+def config_from_namespace(ns: Namespace, typed: frozenset[str] = frozenset()) -> SweepConfig:
+    """The sweep config from the parsed (instantiated) flags; ``--resume NAME`` loads the stored one, changed where
+    the command line typed (``typed``: dotted names of the flags it gives) a ``RESUMABLE`` field."""
     pretrain_names = {f.name for f in fields(PretrainConfig)}
     pretrain = PretrainConfig(**{k: v for k, v in ns.items() if k in pretrain_names})
     sweep = {f.name: ns[f.name] for f in fields(SweepConfig)
              if f.name not in ("pretrain", "space", "finetune", "segment") and f.name in ns}
     finetune = {k: v for k, v in asdict(ns.finetune).items() if k not in FINETUNE_FROM_TRIAL}
     segment = {k: v for k, v in asdict(ns.segment).items() if k not in ("encoder", "random_init")}
-    return SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict(),
-                       finetune=finetune, segment=segment)
+    given = SweepConfig(**sweep, preset=ns.preset_name, space=ns.space or {}, pretrain=pretrain.to_dict(),
+                        finetune=finetune, segment=segment)
+    return resumed(ns.resume, given, typed) if ns.resume else given
+
+
+def sweep_value(cfg: SweepConfig, flag: str) -> object:
+    """The value in ``cfg`` of the flag ``flag`` (its dotted name): a sweep field, a field of the trials' fine-tune
+    or segmentation, or a pretraining field; None where ``cfg`` has none."""
+    flag = "preset" if flag == "preset_name" else flag
+    own = flag.split(".")[0] in {f.name for f in fields(SweepConfig)}
+    try:
+        return field_value(cfg if own else cfg.pretrain, flag)
+    except (KeyError, AttributeError):
+        return None
+
+
+def resumed(name: str, given: SweepConfig, typed: frozenset[str]) -> SweepConfig:
+    """``--resume name``: the stored sweep under ``given.storage_path``, with the ``RESUMABLE`` fields the command
+    line typed; ConfigError naming every other typed flag whose value differs from the stored one."""
+    from ropim.checks import check_location
+    from ropim.errors import ConfigError
+    from ropim.tracking.run_meta import read_run_meta
+
+    check_location(given.storage_path, "storage_path")
+    meta = read_run_meta(given.storage_path, name)
+    if meta is None:
+        raise ConfigError(f"--resume {name}: no sweep of that name under --storage-path {given.storage_path}")
+    stored, now = SweepConfig.from_dict(meta["config"]), given.resolved()
+    fixed = sorted(k for k in typed - {"storage_path", *RESUMABLE} if sweep_value(now, k) != sweep_value(stored, k))
+    if fixed:
+        changed = ", ".join(f"{k}={sweep_value(now, k)!r} (stored {sweep_value(stored, k)!r})" for k in fixed)
+        raise ConfigError(f"--resume {name}: {changed} cannot change when continuing a sweep (only "
+                          f"{', '.join(RESUMABLE)} may); drop {' '.join('--' + k for k in fixed)} (or the --preset / "
+                          "--config that sets it), or start a new sweep with another --name")
+    changes = {k: (sweep_value(stored, k), sweep_value(now, k)) for k in sorted(typed & set(RESUMABLE))
+               if sweep_value(now, k) != sweep_value(stored, k)}
+    if changes:
+        print(f"[sweep] --resume {name}: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+              + " (typed); the rest as stored", flush=True)
+    pretrain = {**stored.pretrain, **{k: new for k, (_, new) in changes.items() if k != "register"}}
+    return dataclasses.replace(stored, pretrain=pretrain, register=now.register if "register" in changes
+                               else stored.register)
 
 
 def config_from_args(argv: list[str]) -> SweepConfig:
     """The sweep config of a command line (without running anything)."""
     p = parser()
-    return config_from_namespace(p.instantiate(p.parse_args(argv)))
+    return config_from_namespace(p.instantiate(p.parse_args(argv)), typed_fields(p, argv))
 
 
-def run(ns: Namespace) -> SweepResult:
-    """Run (or continue) the sweep the flags describe; bad input fails before Ray Tune and torch are imported (the
-    sweep is prepared once: the driver runs the ``PreparedSweep``)."""
-    cfg = prepare(config_from_namespace(ns))
+def run(ns: Namespace, typed: frozenset[str] = frozenset()) -> SweepResult:
+    """Run (or continue) the sweep the flags describe (``typed``: the flags the command line gives, for
+    ``--resume``); bad input fails before Ray Tune and torch are imported (the sweep is prepared once: the driver
+    runs the ``PreparedSweep``)."""
+    cfg = prepare(config_from_namespace(ns, typed))
     from tune.driver import run_sweep
 
     return run_sweep(cfg)
@@ -132,8 +171,8 @@ class SweepCommand:
         return parser()
 
     @staticmethod
-    def run(ns: Namespace) -> None:
-        run(ns)
+    def run(ns: Namespace, typed: frozenset[str] = frozenset()) -> None:
+        run(ns, typed)
 
     @staticmethod
     def presets() -> dict[str, Path]:
@@ -147,9 +186,9 @@ def main(argv: list[str] | None = None, quiet: bool | None = None) -> None:
     """``python -m tune.sweep`` / ``jobs/sweep.py``: the same flags as ``ropim sweep``; ``quiet`` as ``ropim``'s."""
     if argv is None if quiet is None else quiet:
         quiet_console()
-    p = parser()
+    p, argv = parser(), list(sys.argv[1:] if argv is None else argv)
     try:
-        run(p.instantiate(p.parse_args(list(sys.argv[1:] if argv is None else argv))))
+        run(p.instantiate(p.parse_args(argv)), typed_fields(p, argv))
     except ERRORS as err:
         raise SystemExit(f"ropim sweep: {err}") from None
     except ArgumentError as err:

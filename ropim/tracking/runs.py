@@ -33,12 +33,12 @@ from ropim.tracking.store import client, create_run, end_run, log_text, tracking
 
 def changed_fields(stored: dict, wanted: dict, resumable: tuple[str, ...] = (), prefix: str = "") -> list[str]:
     """The fields whose values differ between two configs, dotted inside nested ones (``model.rho``), ignoring the
-    top-level ``resumable`` ones."""
+    ``resumable`` ones (dotted names too: ``pretrain.registered_model``)."""
     changed = []
-    for k in sorted((set(stored) | set(wanted)) - set(resumable)):
+    for k in sorted(k for k in set(stored) | set(wanted) if prefix + k not in resumable):
         old, new = stored.get(k), wanted.get(k)
         if isinstance(old, dict) and isinstance(new, dict):
-            changed += changed_fields(old, new, (), f"{prefix}{k}.")
+            changed += changed_fields(old, new, resumable, f"{prefix}{k}.")
         elif old != new:
             changed.append(prefix + k)
     return changed

@@ -19,7 +19,9 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from ropim.cli import PRESETS as ROPIM_PRESETS
+from ropim.errors import ConfigError
 from ropim.tracking import registry, store
+from ropim.tracking.run_meta import read_run_meta
 from tune import report
 from tune.config import SweepConfig
 from tune.driver import run_sweep
@@ -85,6 +87,38 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
         main(["--resume", "ghost"])
     assert not (workdir / "ray_results").exists()  # nothing started, nothing tracked:
     assert [e.name for e in store.client().search_experiments()] == ["Default"]
+
+
+def test_resume_changes_only_what_may_change_and_refuses_the_rest(workdir, capsys):
+    """``--resume NAME`` with other flags: the resumable ones (register, registered_model) change the stored sweep,
+    said in one line; any other whose value differs from the stored one is refused in one line naming it. Before,
+    every other flag was ignored without a word (``--resume s --epochs 9`` ran the stored epochs)."""
+    from ropim.cli import main as ropim_main
+    from ropim.tracking.run_meta import write_run_meta
+
+    stored = prepare(config_from_args(["--preset", "rho_ablation", *TINY, "--epochs", "2", "--name", "s"]))
+    write_run_meta("ray_results", "s", {"run_id": "r", "config": stored.to_dict()})
+    assert config_from_args(["--resume", "s"]).to_dict() == stored.to_dict()
+    same = ["--resume", "s", "--preset", "rho_ablation", *TINY, "--epochs", "2"]  # as stored: nothing changes
+    assert config_from_args(same).to_dict() == stored.to_dict()
+    capsys.readouterr()
+    changed = config_from_args(["--resume", "s", "--registered_model", "other", "--no-register"])
+    assert changed.pretrain == {**stored.pretrain, "registered_model": "other"} and not changed.register
+    assert changed.to_dict() == {**stored.to_dict(), "pretrain": changed.pretrain, "register": False}
+    assert capsys.readouterr().out == ("[sweep] --resume s: register True -> False, registered_model 'ropim-encoder' "
+                                       "-> 'other' (typed); the rest as stored\n")
+    refusals = [(["--epochs", "9"], "epochs=9 (stored 2)"),
+                (["--model.rho", "0.3", "--metric", "linear_top1"],
+                 "metric='linear_top1' (stored 'knn_top1'), model.rho=0.3 (stored 0.142"),
+                (["--preset", "tpe"], "scheduler='asha' (stored 'none')"),
+                (["--finetune.epochs", "3"], "finetune.epochs=3 (stored ")]
+    for flags, named in refusals:
+        with pytest.raises(SystemExit) as err:
+            ropim_main(["sweep", "--resume", "s", *flags])
+        line = str(err.value)
+        assert line.startswith("ropim sweep: --resume s: ") and named in line, line
+        assert "cannot change when continuing a sweep (only register, registered_model may)" in line, line
+    assert not store.client().search_experiments(filter_string="name = 'ropim-sweep'")  # nothing started
 
 
 def test_linear_probe_objective(workdir):
@@ -362,3 +396,45 @@ def test_sigterm_ends_a_sweep_and_its_trial_killed_and_keeps_it_resumable(ray_se
     assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED"}  # the parent and its trial
     assert not c.search_model_versions(f"run_id='{runs[0].info.run_id}'")
     assert ray.tune.Tuner.can_restore(str(workdir / "ray_results" / "termed"))  # `--resume termed` continues it
+
+
+class ClassifierRegisteredMeanwhile(Callback):
+    """When the trial completes, registers a classifier into ``name`` (the sweep's registered model): another job
+    taking the name after the sweep's pre-flight passed."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        c = store.client()
+        c.create_registered_model(self.name)
+        c.create_model_version(self.name, "file:///nowhere", tags={"kind": "classifier"})
+
+
+@pytest.mark.faults
+def test_a_sweep_whose_model_took_classifiers_meanwhile_registers_under_the_name_its_line_gives(ray_session,
+                                                                                                 workdir):
+    """A classifier version appears in the sweep's registered model while its trials run: the sweep registers nothing
+    there and says, in one line, the command that registers its best encoder elsewhere; that command (``--resume``
+    with another ``--registered_model``) registers it without running a trial again. Before, ``--resume`` took the
+    stored registered_model whatever the command line said, so the sweep could not be registered at all."""
+    argv = ["--space", '{"rho": {"grid": [0.25]}}', *TINY, "--epochs", "1", "--name", "late",
+            "--registered_model", "late-model"]
+    with pytest.raises(ConfigError) as err:
+        run_sweep(config_from_args(argv), callbacks=[ClassifierRegisteredMeanwhile("late-model")])
+    line = str(err.value)
+    assert line.startswith("registered_model=late-model holds classifiers (v1), which appeared after the pre-flight "
+                           "(one registered model holds one kind): nothing registered; the sweep keeps its "
+                           "trials"), line
+    c = store.client()
+    assert [v.tags.get("kind") for v in c.search_model_versions("name='late-model'")] == ["classifier"]
+    command = line.split("`")[1].split()
+    assert command[:3] == ["ropim", "sweep", "--resume"] and command[-2:] == ["--registered_model", "ropim-encoder"]
+    trials = {r.info.run_id for r in _children(read_run_meta("ray_results", "late")["run_id"])}
+    from ropim.cli import main as ropim_main
+
+    ropim_main(command[1:])
+    registered = [v for v in c.search_model_versions("name='ropim-encoder'") if v.tags.get("sweep") == "late"]
+    assert len(registered) == 1 and registered[0].tags["kind"] == "encoder" and registered[0].run_id in trials
+    assert len(_children(read_run_meta("ray_results", "late")["run_id"])) == 1  # no trial run again
+    assert read_run_meta("ray_results", "late")["finished"]
