@@ -4,7 +4,9 @@ matched by name stem, optionally with ``train/`` + ``val/`` below each (the spli
 layout is such a pair too (``ropim.data.formats.ade20k``). Every pair is listed: an image without a mask, or a mask
 without an image, two files of one stem, or split folders on one side only, is refused before a job starts. Links
 follow ImageFolder's rules: followed inside ROOT (each real image listed once), outside it only with
-``data.follow_links`` (a pair with a link out is left out, and noted). No torch, no Ray, no MLflow."""
+``data.follow_links`` (a pair with a link out is left out, and noted); a pair whose image is one listed already (a
+link to it) is left out, and noted. A file of another type (a TIFF mask) is not listed: where it is an image's or a
+mask's partner, the error names it. No torch, no Ray, no MLflow."""
 
 from __future__ import annotations
 
@@ -12,7 +14,18 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Listing, Source, class_names, is_folder, is_image
+from ropim.data.formats.common import (
+    IMAGE_DIRS,
+    IMAGE_EXTENSIONS,
+    MASK_DIRS,
+    SEGMENT,
+    Listing,
+    Source,
+    class_names,
+    is_folder,
+    is_image,
+    relative,
+)
 from ropim.data.lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -44,7 +57,13 @@ def folder_of(root: str, names: tuple[str, ...], what: str) -> str:
 
 
 class PairListing(Listing):
-    """A listing of folder pairs under the folder formats' link rule (``Listing``): images and masks matched by stem."""
+    """A listing of folder pairs under the folder formats' link rule (``Listing``): images and masks matched by stem.
+    ``repeats`` holds the pairs left out because their image was listed already: (image, its mask, the image kept)."""
+
+    def __init__(self, root: str, follow: bool = False) -> None:
+        super().__init__(root, follow)
+        self.kept: dict[str, str] = {}  # an image's real path: the path it was listed under
+        self.repeats: list[tuple[str, str | None, str]] = []
 
     def stems(self, folder: str, images: bool) -> tuple[dict[str, str], set[str]]:
         """({name stem: path} of the image files (any case of the extension) directly in ``folder``, the stems left
@@ -64,26 +83,55 @@ class PairListing(Listing):
             real = os.path.realpath(entry.path) if link else os.path.join(real_folder, entry.name)
             if (link and not self.allowed(entry.path, real)) or (images and not self.first(real)):
                 left_out.add(stem)
+            elif images:
+                self.kept[real] = entry.path
             found[stem] = entry.path
         return found, left_out
 
     def pairs(self, image_dir: str, mask_dir: str) -> tuple[list[str], list[str]]:
-        """(images, masks) of the same stems; ConfigError naming the first image without a mask, or the reverse."""
+        """(images, masks) of the same stems; ConfigError naming the first image without a mask, or the reverse (and
+        the file of that stem that is not listed, as a TIFF mask)."""
         (imgs, out_i), (masks, out_m) = self.stems(image_dir, True), self.stems(mask_dir, False)
         if imgs and not masks and not out_m:
+            check_unread(mask_dir, set(imgs), imgs, "mask")
             raise ConfigError(f"no masks in {mask_dir} for the {len(imgs)} images of {image_dir}; put each image's "
                               "label map there as a PNG of the same name (class indices 0..K-1, 255 = ignore)")
-        for a, b, what in ((imgs, masks, "has no mask in"), (masks, imgs, "has no image in")):
+        for a, b, missing, other in ((imgs, masks, "mask", mask_dir), (masks, imgs, "image", image_dir)):
             lonely = sorted(set(a) - set(b) - out_i - out_m)
             if lonely:
-                other = mask_dir if what == "has no mask in" else image_dir
-                raise ConfigError(f"{a[lonely[0]]} {what} {other} ({len(lonely)} such file(s)); every image needs a "
-                                  "mask of the same name (.png) and every mask an image")
+                check_unread(other, set(lonely), a, missing)
+                raise ConfigError(f"{a[lonely[0]]} has no {missing} in {other} ({len(lonely)} such file(s)); every "
+                                  "image needs a mask of the same name (.png) and every mask an image")
+        self.repeats += [(imgs[k], masks.get(k), self.kept[os.path.realpath(imgs[k])]) for k in sorted(out_i)
+                         if os.path.realpath(imgs[k]) in self.kept]
         keys = sorted(set(imgs) - out_i - out_m)
         if not keys:
             why = "".join(f"; {note}" for note in self.notes())
             raise ConfigError(f"data source: no images in {image_dir}{why}")
         return [imgs[k] for k in keys], [masks[k] for k in keys]
+
+    def notes(self) -> list[str]:
+        """``Listing.notes``, and the pairs left out because their image was listed already (none: [])."""
+        if not self.repeats:
+            return super().notes()
+        image, mask, kept = (relative(f, self.root) if f else f for f in self.repeats[0])
+        also = f" and its mask {mask}" if mask else ""
+        return [*super().notes(), f"{len(self.repeats)} pair(s) left out: their image is one listed already (e.g. "
+                f"{image} is {kept}, through a link); {kept}'s pair is kept, {image}{also} left out; copy the image "
+                "to keep both pairs, or remove the link"]
+
+
+def check_unread(folder: str, stems: set[str], partners: dict[str, str], missing: str) -> None:
+    """ConfigError naming the first file in ``folder`` of one of ``stems`` whose type is not listed (a TIFF mask), and
+    its partner in ``partners`` ({stem: path}), which has no ``missing`` ('mask' or 'image'); nothing when none is."""
+    names = sorted(n for n in os.listdir(folder) if os.path.splitext(n)[0] in stems and not n.startswith("."))
+    for name in names:
+        path = os.path.join(folder, name)
+        if not is_image(name) and not os.path.isdir(path):
+            stem, ext = os.path.splitext(name)
+            fix = "a greyscale ('L') or palette ('P') PNG, one class index per pixel" if missing == "mask" else "PNG"
+            raise ConfigError(f"{path} is not read, so {partners[stem]} has no {missing}: images and masks are read "
+                              f"only as {'/'.join(IMAGE_EXTENSIONS)} files, not {ext}; save it as {fix}")
 
 
 def split_dirs(image_dir: str, mask_dir: str) -> dict[str, tuple[str, str]]:
