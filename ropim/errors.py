@@ -9,3 +9,9 @@ class ConfigError(ValueError):
 class JobFailed(RuntimeError):
     """A run ended FAILED for a reason outside the job's code and input (Ray Train's controller lost, a node out of
     memory); the message says why, what the run kept and how to continue it, in one line."""
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An error's first line (its type's name when it has no message), at most ``limit`` characters: how a message
+    quotes an error it goes on from."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]

@@ -2,9 +2,9 @@
 
 A checkpoint folder holds ``model.safetensors`` (all weights), ``train_state.pt`` (optimizer, grad scaler,
 epoch, step; tensors and plain values only, loaded with ``weights_only=True``), ``config.json`` (the job's
-config) and ``metrics.json`` (the epoch's metrics). Random state needs no saving: sketches, shuffling,
-augmentation and drop path are seeded from (seed, epoch or step, rank), so (epoch, step) determine the rest of
-the run exactly.
+config), ``metrics.json`` (the epoch's metrics) and, while the tracking store has not taken some epochs' records,
+``unrecorded.json`` (those records). Random state needs no saving: sketches, shuffling, augmentation and drop path
+are seeded from (seed, epoch or step, rank), so (epoch, step) determine the rest of the run exactly.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, first_line
 
+UNRECORDED = "unrecorded.json"  # epoch records the tracking store had not taken when the checkpoint was written
 Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]  # (name, a local folder), newest first
 
 
@@ -33,10 +34,13 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epo
 
 
 def load_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer=None, scaler=None) -> dict:
-    """Load weights (and optimizer / scaler state when given) from ``folder``; return the train state."""
+    """Load weights (and optimizer / scaler state when given) from ``folder``; return the train state, with the
+    epoch records the tracking store had not taken when it was written (``unrecorded``, from ``UNRECORDED``)."""
     folder = Path(folder)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     state = torch.load(folder / "train_state.pt", weights_only=True)
+    unrecorded = folder / UNRECORDED
+    state["unrecorded"] = json.loads(unrecorded.read_text()) if unrecorded.exists() else []
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"]:
@@ -55,8 +59,7 @@ def restore(candidates: Candidates, model: torch.nn.Module, optimizer=None,
             try:
                 return load_checkpoint(local, model, optimizer, scaler), unreadable
             except Exception as err:  # noqa: BLE001 — cut short, not safetensors, not a checkpoint: try the previous
-                why = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                unreadable.append(f"{name} ({why[:200]})")
+                unreadable.append(f"{name} ({first_line(err, 200)})")
     if unreadable:
         raise ConfigError(f"no checkpoint of this run can be loaded: {'; '.join(unreadable)}; move them away to "
                           "start the run over, or give a new run_name")

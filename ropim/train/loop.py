@@ -16,8 +16,10 @@ the one in flight unrecorded (``drop_evaluations``), and the job that continues 
 it again (the task's ``resumed``).
 
 Checkpoints hold ``model.safetensors``, ``train_state.pt`` (optimizer, scaler, epoch, step) and ``metrics.json``
-(the epoch's metrics and the task's ``checkpoint_extra``). Random state needs no saving: every epoch reseeds torch,
-``random`` and numpy from (seed, epoch, rank), and tasks seed per-step randomness (sketches) from the step.
+(the epoch's metrics and the task's ``checkpoint_extra``), and ``unrecorded.json`` while the tracking store has not
+taken some epochs' records (a job continuing from it sends them: ``Task.record``). Random state needs no saving:
+every epoch reseeds torch, ``random`` and numpy from (seed, epoch, rank), and tasks seed per-step randomness
+(sketches) from the step.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
 from ropim.seeds import derived_seed
-from ropim.train.checkpoint import restore, save_checkpoint
+from ropim.train.checkpoint import UNRECORDED, restore, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
@@ -96,6 +98,7 @@ class Loop:
         state, unreadable = restore(worker.restorable(), self.model, self.optimizer, self.scaler)
         if state is not None:
             self.start_epoch, self.step = state["epoch"] + 1, state["step"]
+            task.unsent = state["unrecorded"] if worker.rank == 0 else []  # records the store had not taken then
             if worker.rank == 0:
                 skipped = f" ({'; '.join(unreadable)} cannot be loaded: the previous complete checkpoint is used)" \
                     if unreadable else ""
@@ -217,8 +220,8 @@ class Loop:
         except BaseException:  # a stop signal or a failure: an evaluation in flight would hold the exit, unrecorded
             self.task.drop_evaluations()
             raise
-        if late and worker.rank == 0:
-            self.task.record(late)
+        if worker.rank == 0:
+            self.task.record(late, last=True)  # with any records the store had not taken: the job fails without them
 
     def run_epoch(self, epoch: int, last_epoch: int) -> None:
         """One epoch: train, evaluate when due, record its metrics (and the evaluations finished in the background)
@@ -242,6 +245,8 @@ class Loop:
             try:
                 save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
                 (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
+                if self.task.unsent:
+                    (folder / UNRECORDED).write_text(json.dumps(self.task.unsent))
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise

@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates
 from ropim.train.job import JobConfig
@@ -69,6 +69,7 @@ class Task(ABC):
         self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
         self.memory_shown = False  # the epoch line said what a worker needs in memory
+        self.unsent: list[dict] = []  # rank 0: epoch records the tracking store has not taken yet (``record``)
 
     @classmethod
     def inputs(cls, cfg: JobConfig) -> tuple[dict, dict | None]:
@@ -113,10 +114,30 @@ class Task(ABC):
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         """Rank 0, after each epoch: the progress line, pictures."""
 
-    def record(self, epochs: list[dict]) -> None:
+    def record(self, epochs: list[dict], last: bool = False) -> None:
         """Rank 0: store the metrics of ``epochs`` in MLflow as each epoch ends, before its checkpoint uploads; an
-        epoch trained again after a restart keeps its first record (``store.log_epochs``)."""
-        store.log_epochs(self.run_id, epochs, self.tracking)
+        epoch trained again after a restart keeps its first record (``store.log_epochs``). A store that does not
+        take them (a server down past MLflow's own retries) does not stop training: they are kept in ``unsent``
+        (and in each checkpoint meanwhile) and sent with the next epoch's, one line when that starts and one when
+        they are sent; the job's ``last`` record raises instead, so that the run is not finished without them."""
+        batch = [*self.unsent, *epochs]
+        if not batch:
+            return
+        try:
+            store.log_epochs(self.run_id, batch, self.tracking)
+        except Exception as err:
+            if last:
+                raise
+            if not self.unsent:
+                log.warning(f"[{self.cfg.kind}] the tracking store did not take epoch {batch[-1]['epoch']}'s metrics "
+                            f"({first_line(err)}): training goes on, and they are sent with the next epoch's (each "
+                            "checkpoint holds them meanwhile)")
+            self.unsent = batch
+            return
+        if self.unsent:
+            log.info(f"[{self.cfg.kind}] the tracking store took the {len(self.unsent)} record(s) it had not, of "
+                     f"epochs {self.unsent[0]['epoch']}–{self.unsent[-1]['epoch']}")
+        self.unsent = []
 
     def checkpoint_extra(self) -> dict:
         """JSON-able extras stored in the checkpoint's metrics.json (``extra``)."""

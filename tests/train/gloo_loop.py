@@ -40,6 +40,7 @@ class ToyTask:
     def __init__(self, batches: dict[int, int], listed: int, run_dir: str, fail_at: int | None = None) -> None:
         self.batches, self.listed, self.run_dir, self.fail_at = batches, listed, run_dir, fail_at
         self.config: dict = {}
+        self.unsent: list[dict] = []  # records the store has not taken (none: this task records nothing)
         self.clean: list[bool] = []  # per epoch, after training: no gradient left on any parameter
 
     def build(self, worker) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -71,7 +72,7 @@ class ToyTask:
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         pass
 
-    def record(self, epochs: list[dict]) -> None:
+    def record(self, epochs: list[dict], last: bool = False) -> None:
         pass
 
     def checkpoint_extra(self) -> dict:

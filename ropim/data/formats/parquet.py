@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 from ropim.data import footers
 from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
 from ropim.data.lists import ImageList, Items, SegList
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, first_line
 from ropim.filesystems import filesystem as open_location
 from ropim.paths import is_uri
 
@@ -50,10 +50,9 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
 
 def unreadable(location: str, file: str, err: Exception) -> ConfigError:
     """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
-    why = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return ConfigError(f"data source {location!r}: {file} cannot be read as Parquet ({why}); it is cut short or not "
-                       "a Parquet file: delete it and run the same `ropim data convert` again (it writes the shards "
-                       "that are missing), or move it out of the data set")
+    return ConfigError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
+                       "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
+                       "the shards that are missing), or move it out of the data set")
 
 
 def hidden(relpath: str) -> bool:

@@ -22,6 +22,7 @@ from timm.optim import create_optimizer_v2
 from ropim.core.model import ROPIM
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
 from ropim.data.sources import count_images
+from ropim.errors import first_line
 from ropim.seeds import derived_seed
 from ropim.tracking import store
 from ropim.train.background import Background
@@ -45,13 +46,17 @@ def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tenso
     from ropim.viz.grids import save_reconstruction_grid
 
     with tempfile.TemporaryDirectory() as tmp:
-        grid = Path(tmp) / f"reconstruction_epoch{epoch:04d}.png"
-        save_reconstruction_grid(model, imgs, grid, torch.Generator().manual_seed(seed))
-        store.log_artifact(run_id, grid, "pictures", tracking_uri)
+        pictures = [Path(tmp) / f"reconstruction_epoch{epoch:04d}.png"]
+        save_reconstruction_grid(model, imgs, pictures[0], torch.Generator().manual_seed(seed))
         if figure5:
-            fig = Path(tmp) / "token_errors.png"
-            token_error_figure(token_errors(imgs, model.cfg.patch_size), fig)
-            store.log_artifact(run_id, fig, "pictures", tracking_uri)
+            pictures.append(Path(tmp) / "token_errors.png")
+            token_error_figure(token_errors(imgs, model.cfg.patch_size), pictures[1])
+        try:
+            for picture in pictures:
+                store.log_artifact(run_id, picture, "pictures", tracking_uri)
+        except Exception as err:  # a store that does not take them (a server down) does not stop training
+            log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take them "
+                        f"({first_line(err)}); training goes on")
 
 
 class PretrainTask(Task):
@@ -133,7 +138,12 @@ class PretrainTask(Task):
         cfg = self.cfg
         if self.worker.rank != 0 or not cfg.eval_async or not cfg.eval_every or epoch % cfg.eval_every:
             return
-        if epoch in store.metric_steps(self.run_id, "knn_top1", self.tracking):
+        try:
+            if epoch in store.metric_steps(self.run_id, "knn_top1", self.tracking):
+                return
+        except Exception as err:  # a store that does not answer (a server down): training goes on without it
+            log.warning(f"[pretrain] whether epoch {epoch} was evaluated is unknown ({first_line(err)}): not "
+                        "evaluated again")
             return
         log.info(f"[pretrain] epoch {epoch}'s evaluation did not finish before the job stopped: evaluating the "
                  "restored weights beside training")

@@ -1,0 +1,97 @@
+"""A tracking store that stops taking records while a run trains (an MLflow server restarted or down for longer
+than MLflow's own retries): training goes on, the records are kept and sent once the store takes them again, each
+checkpoint holds them meanwhile (a job continuing from it sends them), and a run is not finished without them."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from mlflow.exceptions import MlflowException
+from support import tiny_pretrain
+
+from ropim.tracking import store
+from ropim.tracking.signals import Interrupted
+from ropim.train.driver import run
+
+DOWN = MlflowException("API request to endpoint /api/2.0/mlflow/runs/log-batch failed with error code 503 != 200. "
+                       "Response body: 'Service Unavailable'")
+
+
+def outage(monkeypatch, down: set[int], stop_at: int | None = None) -> list[list[int]]:
+    """``store.log_epochs`` refuses the calls whose last epoch is in ``down`` (a SIGTERM at ``stop_at``'s);
+    returns the epochs of every call taken."""
+    taken, log_epochs = [], store.log_epochs
+
+    def logging(run_id, epochs, uri=None):
+        last = epochs[-1]["epoch"] if epochs else None
+        if last == stop_at:
+            raise Interrupted(signal.SIGTERM)
+        if last in down:
+            raise DOWN
+        taken.append([m["epoch"] for m in epochs])
+        log_epochs(run_id, epochs, uri)
+
+    monkeypatch.setattr(store, "log_epochs", logging)
+    return taken
+
+
+def recorded(run_id: str, key: str = "loss") -> list[int]:
+    return sorted(m.step for m in store.client().get_metric_history(run_id, key))
+
+
+def test_training_goes_on_while_the_store_is_down_and_sends_what_it_kept(workdir, monkeypatch, caplog):
+    """Epochs 2 and 3 end while the store is down: before, the first refused record failed the run."""
+    taken = outage(monkeypatch, down={2, 3})
+    artifact = store.log_artifact
+    monkeypatch.setattr(store, "log_artifact", lambda run_id, path, *a, **k: (_ for _ in ()).throw(DOWN)
+                        if "epoch0002" in str(path) else artifact(run_id, path, *a, **k))
+    caplog.set_level("INFO", logger="ropim.train")
+    result = run(tiny_pretrain(run_name="outage", num_workers=0, epochs=4, max_steps_per_epoch=1, viz_every=1))
+    assert result.model_uri is not None and result.metrics["epoch"] == 4
+    assert recorded(result.run_id) == [1, 2, 3, 4]  # every epoch once
+    assert taken == [[1], [2, 3, 4]]  # sent together once the store took them again
+    lines = [r.getMessage() for r in caplog.records if "tracking store" in r.getMessage()]
+    down = "(API request to endpoint /api/2.0/mlflow/runs/log-batch failed with error code 503 != 200. Response " \
+        "body: 'Service Unavailable')"
+    assert lines == [f"[pretrain] epoch 2's pictures not stored: the tracking store did not take them {down}; "
+                     "training goes on",
+                     f"[pretrain] the tracking store did not take epoch 2's metrics {down}: training goes on, and "
+                     "they are sent with the next epoch's (each checkpoint holds them meanwhile)",
+                     "[pretrain] the tracking store took the 2 record(s) it had not, of epochs 2–3"]
+    pictures = {f.path for f in store.client().list_artifacts(result.run_id, "pictures")}
+    assert "pictures/reconstruction_epoch0002.png" not in pictures
+    assert "pictures/reconstruction_epoch0003.png" in pictures
+
+
+def test_a_job_continuing_from_a_checkpoint_sends_the_records_it_holds(workdir, monkeypatch):
+    """The store is down when epoch 2 ends, and the job is stopped at epoch 3: epoch 2's checkpoint holds its record,
+    and the same job again (the store back) sends it. Before, the run failed at epoch 2."""
+    cfg = tiny_pretrain(run_name="outage-stopped", num_workers=0, epochs=4, max_steps_per_epoch=1)
+    with monkeypatch.context() as m:
+        outage(m, down={2}, stop_at=3)
+        with pytest.raises(KeyboardInterrupt):
+            run(cfg)
+    result = run(cfg)
+    assert recorded(result.run_id) == [1, 2, 3, 4] and result.model_uri is not None
+
+
+def test_a_run_is_not_finished_while_the_store_holds_none_of_its_last_records(workdir, monkeypatch, caplog):
+    """The store is down at the last epoch: the job fails rather than finish and register without its last records;
+    the same job again, the store back, sends them from the last checkpoint (not training again) and registers."""
+    cfg = tiny_pretrain(run_name="outage-at-end", num_workers=0, epochs=3, max_steps_per_epoch=1)
+    with monkeypatch.context() as m:
+        taken = outage(m, down={3})
+        with pytest.raises(MlflowException, match="503"):
+            run(cfg)
+        assert taken == [[1], [2]]
+    c = store.client()
+    first = c.search_runs([c.get_experiment_by_name(cfg.experiment).experiment_id],
+                          filter_string="attributes.run_name = 'outage-at-end'")[0]
+    assert first.info.status == "FAILED" and not c.search_model_versions(f"run_id='{first.info.run_id}'")
+    taken = outage(monkeypatch, down=set())
+    caplog.set_level("INFO", logger="ropim.train")
+    result = run(cfg)
+    assert taken == [[3]] and "resumed from epoch 3, step 3" in caplog.text  # its last checkpoint's record; no epoch
+    # trained again (before, the job failed before epoch 3's checkpoint and trained it again)
+    assert result.run_id == first.info.run_id and recorded(result.run_id) == [1, 2, 3] and result.model_uri
