@@ -55,7 +55,7 @@ def test_training_goes_on_while_the_store_is_down_and_sends_what_it_kept(workdir
     down = "(API request to endpoint /api/2.0/mlflow/runs/log-batch failed with error code 503 != 200. Response " \
         "body: 'Service Unavailable')"
     assert lines == [f"[pretrain] epoch 2's pictures not stored: the tracking store did not take them {down}; "
-                     "training goes on",
+                     "training goes on (said once until it takes them again)",
                      f"[pretrain] the tracking store did not take epoch 2's metrics {down}: training goes on, and "
                      "they are sent with the next epoch's (each checkpoint holds them meanwhile)",
                      "[pretrain] the tracking store took the 2 record(s) it had not, of epochs 2–3"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from mlflow.exceptions import MlflowException
 from timm.optim import create_optimizer_v2
 
 from ropim.core.model import ROPIM
@@ -51,12 +52,8 @@ def log_pictures(run_id: str, tracking_uri: str, model: ROPIM, imgs: torch.Tenso
         if figure5:
             pictures.append(Path(tmp) / "token_errors.png")
             token_error_figure(token_errors(imgs, model.cfg.patch_size), pictures[1])
-        try:
-            for picture in pictures:
-                store.log_artifact(run_id, picture, "pictures", tracking_uri)
-        except Exception as err:  # a store that does not take them (a server down) does not stop training
-            log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take them "
-                        f"({first_line(err)}); training goes on")
+        for picture in pictures:
+            store.log_artifact(run_id, picture, "pictures", tracking_uri)
 
 
 class PretrainTask(Task):
@@ -69,6 +66,7 @@ class PretrainTask(Task):
         self.n_train, self.bad_counter = config["n_train"], config.get("bad_images")
         self.viz_imgs, self.background = None, Background("ropim-eval")
         self.wait_shown = False  # the line saying training waited for a background evaluation, once per job
+        self.pictures_refused = False  # the store did not take the last pictures (said once until it takes them)
         if worker.rank == 0 and self.cfg.viz_every:
             self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
 
@@ -141,7 +139,7 @@ class PretrainTask(Task):
         try:
             if epoch in store.metric_steps(self.run_id, "knn_top1", self.tracking):
                 return
-        except Exception as err:  # a store that does not answer (a server down): training goes on without it
+        except MlflowException as err:  # a store that does not answer (a server down): training goes on without it
             log.warning(f"[pretrain] whether epoch {epoch} was evaluated is unknown ({first_line(err)}): not "
                         "evaluated again")
             return
@@ -175,4 +173,12 @@ class PretrainTask(Task):
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"data wait {100 * metrics['data_wait_share']:.1f}%",
                        *percents(metrics, "knn_top1", "linear_top1"))
         if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
-            log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed, figure5=epoch == cfg.epochs)
+            try:
+                log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed,
+                             figure5=epoch == cfg.epochs)
+                self.pictures_refused = False
+            except MlflowException as err:  # a store that does not take them (a server down) does not stop training
+                if not self.pictures_refused:
+                    log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take "
+                                f"them ({first_line(err)}); training goes on (said once until it takes them again)")
+                self.pictures_refused = True
