@@ -27,6 +27,9 @@ from ropim.paths import recorded_location
 from ropim.tracking.signals import STOP
 from ropim.tracking.uri import tracking_uri
 
+# what a call to the store ends with when the store does not take it (a server down, sqlite locked past the retries,
+# a bad request): MLflow's error, for the layers above that do not import MLflow
+TrackingError = MlflowException
 READY: set[str] = set()  # stores this process found created and migrated
 BUSY = ("database is locked", "database table is locked")
 RETRIES = 8  # waits of about 0.2, 0.4, … 25.6 s: a minute in all

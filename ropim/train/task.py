@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 import torch
-from mlflow.exceptions import MlflowException
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ropim.errors import ConfigError, first_line
@@ -126,7 +125,7 @@ class Task(ABC):
             return
         try:
             store.log_epochs(self.run_id, batch, self.tracking)
-        except MlflowException as err:  # a server down, a store locked past the retries
+        except store.TrackingError as err:  # a server down, a store locked past the retries
             if last:
                 raise
             if not self.unsent:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from mlflow.exceptions import MlflowException
 from timm.optim import create_optimizer_v2
 
 from ropim.core.model import ROPIM
@@ -139,7 +138,7 @@ class PretrainTask(Task):
         try:
             if epoch in store.metric_steps(self.run_id, "knn_top1", self.tracking):
                 return
-        except MlflowException as err:  # a store that does not answer (a server down): training goes on without it
+        except store.TrackingError as err:  # a store that does not answer (a server down): training goes on without it
             log.warning(f"[pretrain] whether epoch {epoch} was evaluated is unknown ({first_line(err)}): not "
                         "evaluated again")
             return
@@ -177,7 +176,7 @@ class PretrainTask(Task):
                 log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed,
                              figure5=epoch == cfg.epochs)
                 self.pictures_refused = False
-            except MlflowException as err:  # a store that does not take them (a server down) does not stop training
+            except store.TrackingError as err:  # a store that does not take them (a server down) does not stop training
                 if not self.pictures_refused:
                     log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take "
                                 f"them ({first_line(err)}); training goes on (said once until it takes them again)")
