@@ -4,13 +4,17 @@ starts it again on the same port and store when epoch ``--up-at`` ends, and meas
 
 - whether the job finished and registered its encoder, and its exit status;
 - every epoch's ``loss`` in MLflow afterwards (epochs missing, epochs recorded twice);
-- the job's lines about the store (the one when it stopped taking records, the one when it took them again);
+- the job's lines about the store (the one when it stopped taking records, the one when it took them again), and
+  any traceback it printed;
 - the wall time between epoch lines while the server was down against the others (each record then waits out
   MLflow's own retries: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``, given
   here small so that the rehearsal takes a minute; MLflow's defaults wait about 4 minutes per call).
 
     PYTHONPATH=. python bench/store_outage.py --epochs 10 --down-at 2 --up-at 6
+    PYTHONPATH=. python bench/store_outage.py --epochs 4 --down-at 3 --up-at 0   # down to the job's end
 
+With ``--up-at 0`` the server stays down to the job's end; it is then started again and the job's ``--resume``
+command run, as its last line says: what the first job ended with, and whether the second recorded and registered.
 Table on stdout; JSON in ``bench/results/store_outage.json`` (``--out``). Arguments after ``--`` go to
 ``ropim pretrain`` as they are.
 """
@@ -87,9 +91,15 @@ def rehearse(args: argparse.Namespace, extra: list[str]) -> dict:
         elif mlflow_proc is None and epoch == args.up_at:
             mlflow_proc = server(scratch, port)
             down_s = time.time() - t_down
-    status = job.wait()
+    status, resumed = job.wait(), None
+    if args.log:
+        args.log.write_text("\n".join(lines) + "\n")
     if mlflow_proc is None:
         mlflow_proc = server(scratch, port)
+        down_s = time.time() - t_down
+        again = subprocess.run([*cmd[:cmd.index("--preset")], "--resume", "outage"], cwd=scratch, env=env,
+                               capture_output=True, text=True)
+        resumed = dict(exit_status=again.returncode, last_line=(again.stdout.strip().splitlines() or [""])[-1])
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(uri)
@@ -109,7 +119,8 @@ def rehearse(args: argparse.Namespace, extra: list[str]) -> dict:
         epochs_recorded_twice=sorted({s for s in history if history.count(s) > 1}),
         s_between_epoch_lines_server_down=[between[e] for e in down if e in between],
         s_between_epoch_lines_server_up_median=up[len(up) // 2] if up else None,
-        store_lines=store_lines, last_lines=lines[-3:])
+        store_lines=store_lines, tracebacks=sum("Traceback" in x for x in lines), last_lines=lines[-3:],
+        resumed=resumed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--retries", type=int, default=2, help="MLFLOW_HTTP_REQUEST_MAX_RETRIES for the job")
     p.add_argument("--out", type=Path, default=RESULTS / "store_outage.json")
+    p.add_argument("--log", type=Path, default=None, help="write the job's whole output there")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     report = {**rehearse(args, extra), **provenance("bench/store_outage.py", argv, t0)}
     for k, v in report.items():

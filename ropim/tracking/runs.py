@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from mlflow.exceptions import MlflowException
 
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, first_line
 from ropim.tracking.lock import acquire, release
 from ropim.tracking.run_meta import RUN_META, read_run_meta, write_run_meta
 from ropim.tracking.signals import STOP
@@ -75,6 +75,15 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
+    def end(self, status: str) -> None:
+        """Mark the MLflow run ``status`` as a job ends on an error or a stop: a store that does not take it (a
+        server down) is said in one line rather than raised over what ended the job."""
+        try:
+            end_run(self.run_id, status, self.tracking_uri)
+        except MlflowException as err:
+            print(f"[run] {self.name}: MLflow run {self.run_id} not marked {status}, the tracking store did not take "
+                  f"it ({first_line(err)})", file=sys.stderr, flush=True)
+
     def __exit__(self, exc_type, exc, tb) -> None:
         stopped = exc_type is not None and (issubclass(exc_type, KeyboardInterrupt) or STOP.received is not None)
         try:
@@ -82,17 +91,17 @@ class Run:
                 STOP.reported = True
             if stopped and (self.recorded or self.finished):  # the signal came once the outcome was recorded
                 if not self.finished:
-                    end_run(self.run_id, self.outcome, self.tracking_uri)
+                    self.end(self.outcome)
                 kept = f", registered {self.meta['model_uri']}" if self.meta.get("model_uri") else ""
                 print(f"[run] {self.name} stopped by {STOP.name(exc)} once its outcome was recorded: MLflow run "
                       f"{self.run_id} {self.outcome}{kept}", file=sys.stderr, flush=True)
             elif stopped:  # a stop signal, or an error a library made of it
-                end_run(self.run_id, "KILLED", self.tracking_uri)
+                self.end("KILLED")
                 how = f"; continue with: {self.resume}" if self.resume else ""
                 print(f"[run] {self.name} stopped by {STOP.name(exc)}: MLflow run {self.run_id} marked "
                       f"KILLED, its complete checkpoints kept, nothing registered{how}", file=sys.stderr, flush=True)
             elif exc_type is not None:
-                end_run(self.run_id, "FAILED", self.tracking_uri)
+                self.end("FAILED")
             elif not self.finished:
                 end_run(self.run_id, self.outcome, self.tracking_uri)
         finally:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ropim.console import ensure_logging
-from ropim.errors import ConfigError, JobFailed
+from ropim.errors import ConfigError, JobFailed, first_line
 from ropim.paths import is_uri, job_copy_note
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
@@ -103,12 +103,21 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
         config = {"job": p.job.name, "cfg": cfg.to_dict(), "run_id": mlflow_run.run_id, "tracking_uri": p.tracking,
                   "run_dir": folder, **inputs}
         return fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
+    except store.TrackingError as err:  # the store (down) did not take the last records: nothing to tag it with
+        raise JobFailed(unrecorded(p, "its last epochs' records", err)) from None
     except Exception as err:
         why = failure_reason(err)
         store.set_tags(mlflow_run.run_id, {"ropim.failure": why}, p.tracking)
         if type(err).__module__.split(".")[0] != "ray" or hasattr(err, "worker_failures"):
             raise
         raise JobFailed(failed(p, mlflow_run, why)) from err
+
+
+def unrecorded(p: Prepared, what: str, err: BaseException) -> str:
+    """The line of a run whose tracking store did not take ``what`` (a server down past MLflow's own retries)."""
+    return (f"run {p.cfg.run_name}: the tracking store {p.tracking} did not take {what} ({first_line(err)}); nothing "
+            "registered, the run's complete checkpoints kept (the latest holds the records the store did not take); "
+            f"once the store answers, continue with `{p.resume_hint}`")
 
 
 def failed(p: Prepared, mlflow_run: Run, why: str) -> str:
@@ -187,6 +196,8 @@ def registered(p: Prepared, mlflow_run: Run, result: FitResult, folder: Path) ->
     by then (``MixedKinds``: nothing registered) is one line saying how to register the trained weights it keeps."""
     try:
         return p.job.load("register")(p.cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+    except store.TrackingError as err:
+        raise JobFailed(unrecorded(p, f"the {p.job.model}", err)) from None
     except MixedKinds as err:
         raise ConfigError(f"{err.found}, which appeared after the pre-flight (one registered model holds one kind): "
                           f"nothing registered; run {p.cfg.run_name} keeps its trained {p.job.model} "

@@ -19,6 +19,7 @@ import torch
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
+from ropim.tracking.store import TrackingError
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -242,29 +243,38 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
         try:
             result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
         except Exception as err:
-            bad = input_error(err)
+            bad = input_error(err) or worker_cause(err, lambda e: isinstance(e, TrackingError))
             if bad is None:
                 raise
-            raise bad from None  # one line, not a worker traceback: a bad file stops every restart the same way
+            raise bad from None  # one line, not a worker traceback: a bad file stops every restart the same way;
+            # a store that did not take the last records: the driver says what the run kept
     return FitResult(dict(result.metrics or {}), result.checkpoint)
 
 
-def input_error(err: BaseException) -> ConfigError | None:
-    """The ``ConfigError`` (a bad image under ``fail``, a shard cut short) a worker raised, found inside the error Ray
-    hands the driver (worker failures, wrapped exceptions, task causes), with a one-line message; None when the
-    failure is something else."""
+def worker_cause(err: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception ``wanted`` accepts inside the error Ray hands the driver (worker failures, wrapped
+    exceptions, task causes), or None."""
     todo, seen = [err], set()
     while todo:
         e = todo.pop(0)
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, ConfigError) and str(e) and "\n" not in str(e).strip():
-            return (type(e) if type(e).__module__.startswith("ropim.") else ConfigError)(str(e).strip())
+        if wanted(e):
+            return e
         inner = [e.__cause__, e.__context__, getattr(e, "cause", None), *getattr(e, "args", ()),
                  *getattr(e, "worker_failures", {}).values()]
         todo += [x for x in inner if isinstance(x, BaseException)]
     return None
+
+
+def input_error(err: BaseException) -> ConfigError | None:
+    """The ``ConfigError`` (a bad image under ``fail``, a shard cut short) a worker raised, found inside the error Ray
+    hands the driver, with a one-line message; None when the failure is something else."""
+    found = worker_cause(err, lambda e: isinstance(e, ConfigError) and bool(str(e)) and "\n" not in str(e).strip())
+    if found is None:
+        return None
+    return (type(found) if type(found).__module__.startswith("ropim.") else ConfigError)(str(found).strip())
 
 
 def gpu_or_cpu(use_gpu: bool) -> torch.device:

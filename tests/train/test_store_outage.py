@@ -10,7 +10,9 @@ import pytest
 from mlflow.exceptions import MlflowException
 from support import tiny_pretrain
 
+from ropim.errors import JobFailed
 from ropim.tracking import store
+from ropim.tracking.run_meta import read_run_meta
 from ropim.tracking.signals import Interrupted
 from ropim.train.driver import run
 
@@ -82,9 +84,13 @@ def test_a_run_is_not_finished_while_the_store_holds_none_of_its_last_records(wo
     cfg = tiny_pretrain(run_name="outage-at-end", num_workers=0, epochs=3, max_steps_per_epoch=1)
     with monkeypatch.context() as m:
         taken = outage(m, down={3})
-        with pytest.raises(MlflowException, match="503"):
+        with pytest.raises(JobFailed) as err:
             run(cfg)
         assert taken == [[1], [2]]
+    assert str(err.value) == (f"run outage-at-end: the tracking store {store.tracking_uri()} did not take its last "
+                              f"epochs' records ({DOWN}); nothing registered, the run's complete checkpoints kept "
+                              "(the latest holds the records the store did not take); once the store answers, "
+                              "continue with `ropim pretrain --resume outage-at-end`")
     c = store.client()
     first = c.search_runs([c.get_experiment_by_name(cfg.experiment).experiment_id],
                           filter_string="attributes.run_name = 'outage-at-end'")[0]
@@ -95,3 +101,37 @@ def test_a_run_is_not_finished_while_the_store_holds_none_of_its_last_records(wo
     assert taken == [[3]] and "resumed from epoch 3, step 3" in caplog.text  # its last checkpoint's record; no epoch
     # trained again (before, the job failed before epoch 3's checkpoint and trained it again)
     assert result.run_id == first.info.run_id and recorded(result.run_id) == [1, 2, 3] and result.model_uri
+
+
+def test_a_store_down_when_the_job_ends_on_an_error_does_not_hide_the_error(workdir, monkeypatch, capsys):
+    """The run cannot be marked FAILED either (the store is down): the job's own error is what it ends with, and one
+    line says the run was not marked. Before, MLflow's error from marking it replaced the job's."""
+    from ropim.tracking import runs
+
+    monkeypatch.setattr(runs, "end_run", lambda *a, **k: (_ for _ in ()).throw(DOWN))
+    with pytest.raises(ValueError, match="the job's own error"), \
+            runs.open_run(experiment="e", name="ends-badly", storage_path="ray_results", config={}) as run:
+        raise ValueError("the job's own error")
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"[run] ends-badly: MLflow run {run.run_id} not marked FAILED, the tracking store did not take it "
+                    f"({DOWN})"]
+
+
+def test_a_store_down_when_the_encoder_is_registered_says_how_to_register_it(workdir, monkeypatch):
+    """Trained to the end, then the store does not take the encoder: one line, nothing registered; the command it
+    names registers it without training again."""
+    from ropim.train.pretrain import register
+
+    cfg = tiny_pretrain(run_name="outage-register", num_workers=0, epochs=1, max_steps_per_epoch=1)
+    with monkeypatch.context() as m:
+        m.setattr(register, "register_encoder", lambda *a, **k: (_ for _ in ()).throw(DOWN))
+        with pytest.raises(JobFailed, match=r"^run outage-register: the tracking store .* did not take the encoder "
+                                            r"\(API request .*; once the store answers, continue with `ropim pretrain "
+                                            r"--resume outage-register`$"):
+            run(cfg)
+    run_id = read_run_meta("ray_results", "outage-register")["run_id"]
+    assert not store.client().search_model_versions(f"run_id='{run_id}'")
+    result = run(cfg)
+    assert result.run_id == run_id and recorded(run_id) == [1]
+    assert [str(v.version) for v in store.client().search_model_versions(f"run_id='{run_id}'")] == \
+        [result.model_uri.rsplit("/", 1)[1]]
