@@ -10,7 +10,9 @@ are seeded from (seed, epoch or step, rank), so (epoch, step) determine the rest
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,9 +20,46 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ropim.errors import ConfigError, first_line
+from ropim.paths import is_uri
 
 UNRECORDED = "unrecorded.json"  # epoch records the tracking store had not taken when the checkpoint was written
 Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]  # (name, a local folder), newest first
+
+
+class NoRoom(ConfigError):
+    """A checkpoint that did not fit where it is written (no space left on the device): the message says where, and
+    what frees room."""
+
+
+def full(err: BaseException) -> bool:
+    """Whether ``err`` is a write that found its device full (Python's or pyarrow's "No space left on device")."""
+    return getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
+
+
+def size_text(n: float) -> str:
+    """Bytes as people read them: ``3.4 GB``, ``31 MB``, ``420 kB``."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files below ``folder`` (0 when it is not there)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
+def room_note(size: int, run_dir: str, keep: int) -> str | None:
+    """A line when the local disk of ``run_dir`` has less free space than the run's checkpoints of ``size`` bytes
+    need: ``keep`` of them, and the next written before the oldest is dropped, less what the run holds already;
+    None when it has room, or is remote storage."""
+    if is_uri(run_dir):
+        return None
+    folder = Path(run_dir)
+    disk = next(p for p in (folder, *folder.parents) if p.exists())
+    free, held, need = shutil.disk_usage(disk).free, folder_bytes(folder), (keep + 1) * size
+    if free >= need - held:
+        return None
+    return (f"{disk} has {size_text(free)} free: this run keeps {keep} checkpoint(s) of {size_text(size)} and writes "
+            f"the next before dropping the oldest ({size_text(need)}, {size_text(held)} of it held already), so it "
+            "will stop when the disk fills; free space there, lower --keep_checkpoints or give another --storage_path")
 
 
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epoch: int, step: int,

@@ -23,6 +23,7 @@ from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.signals import STOP
+from ropim.train.checkpoint import NoRoom
 from ropim.train.downstream import run_tags
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.failures import failure_reason
@@ -105,6 +106,12 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
         return fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
     except store.TrackingError as err:  # the store (down) did not take the last records: nothing to tag it with
         raise JobFailed(unrecorded(p, "its last epochs' records", err)) from None
+    except NoRoom as err:
+        store.set_tags(mlflow_run.run_id, {"ropim.failure": str(err)}, p.tracking)
+        removed = remove_uncommitted(folder) if cfg.num_workers > 0 else []  # Ray's half-written uploads
+        cleaned = f" (removed {len(removed)} upload(s) it did not finish)" if removed else ""
+        raise NoRoom(f"run {cfg.run_name}: {err}; its complete checkpoints are kept in {folder}{cleaned}: then "
+                     f"continue with `{p.resume_hint}`") from None
     except Exception as err:
         why = failure_reason(err)
         store.set_tags(mlflow_run.run_id, {"ropim.failure": why}, p.tracking)

@@ -41,7 +41,7 @@ import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
 from ropim.seeds import derived_seed
-from ropim.train.checkpoint import UNRECORDED, restore, save_checkpoint
+from ropim.train.checkpoint import UNRECORDED, NoRoom, folder_bytes, full, restore, room_note, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
@@ -123,6 +123,7 @@ class Loop:
         self.amp_dtype = autocast_dtype(self.precision)
         task.total_steps, task.amp_dtype = self.total_steps, self.amp_dtype  # what the task may plan by
         self.guard = StepGuard(cfg.clip_grad, cfg.max_skipped_steps, self.precision)
+        self.room_checked = False  # whether the run's disk was checked for room (``room_note``, rank 0)
 
     @property
     def lr(self) -> float:
@@ -247,9 +248,16 @@ class Loop:
                 (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
                 if self.task.unsent:
                     (folder / UNRECORDED).write_text(json.dumps(self.task.unsent))
-            except BaseException:
+            except BaseException as err:
                 shutil.rmtree(folder, ignore_errors=True)
+                if full(err):
+                    raise NoRoom(f"no space left in {folder.parent} (the temporary folder) for epoch {epoch + 1}'s "
+                                 "checkpoint: free space there, or set TMPDIR to a larger disk") from None
                 raise
+            if not self.room_checked:  # the first checkpoint this job writes: its size is known now
+                self.room_checked = True
+                if note := room_note(folder_bytes(folder), self.task.run_dir, cfg.keep_checkpoints):
+                    log.warning(f"[{cfg.kind}] {note}")
         worker.report(metrics, folder, background=cfg.async_checkpoint)  # the worker owns the folder now
 
 

@@ -20,6 +20,7 @@ from ropim.errors import ConfigError
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
+from ropim.train.checkpoint import NoRoom, full
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -124,8 +125,14 @@ class RayWorker:
 
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
         mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode,
-                         delete_local_checkpoint_after_upload=folder is not None)
+        try:
+            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode,
+                             delete_local_checkpoint_after_upload=folder is not None)
+        except Exception as err:
+            if not full(err):
+                raise
+            raise NoRoom(f"no space left in the run's storage_path for epoch {metrics['epoch']}'s checkpoint: free "
+                         "space there, lower --keep_checkpoints or give another --storage_path") from None
         if folder is not None and not background:
             ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 
