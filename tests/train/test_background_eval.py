@@ -129,10 +129,9 @@ def test_evaluations_slower_than_epochs_do_not_pile_up(workdir, monkeypatch, cap
     assert len(waits) == 1 and "eval_every=1" in waits[0], waits
 
 
-def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
-    """A stop (raised here where epoch 3 is recorded) while epoch 2's evaluation runs beside training: the evaluation
-    ends at its next batch, unrecorded. Before, it ran to its end after the job had stopped, holding the process's
-    exit (Python joins the pool's thread): a 30-epoch rehearsal's SIGTERM took 8.4 s to exit instead of 4.0 s."""
+def stopped_while_evaluating(monkeypatch, run_name: str) -> list[str]:
+    """Run a 4-epoch job whose epoch-2 evaluation (beside training) runs until it is cancelled (at most 30 s), stopped
+    by a SIGTERM raised where epoch 3 is recorded; how the evaluation ended ("cancelled" or "ran to its end")."""
     started, ended = threading.Event(), []
 
     def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
@@ -150,11 +149,24 @@ def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
             raise Interrupted(signal.SIGTERM)
         log_epochs(run_id, epochs, uri)
 
-    monkeypatch.setattr(module, "frozen_scores", endless_scores)
-    monkeypatch.setattr(store, "log_epochs", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        run(tiny_pretrain(run_name="stopped-while-evaluating", num_workers=0, epochs=4, max_steps_per_epoch=1,
-                          eval_every=2, registered_model="", precision="fp32"))
+    with monkeypatch.context() as m:
+        m.setattr(module, "frozen_scores", endless_scores)
+        m.setattr(store, "log_epochs", stopping)
+        with pytest.raises(KeyboardInterrupt):
+            run(stopping_job(run_name))
+    return ended
+
+
+def stopping_job(run_name: str):
+    return tiny_pretrain(run_name=run_name, num_workers=0, epochs=4, max_steps_per_epoch=1, eval_every=2,
+                         registered_model="", precision="fp32")
+
+
+def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
+    """A stop (raised here where epoch 3 is recorded) while epoch 2's evaluation runs beside training: the evaluation
+    ends at its next batch, unrecorded. Before, it ran to its end after the job had stopped, holding the process's
+    exit (Python joins the pool's thread): a 30-epoch rehearsal's SIGTERM took 8.4 s to exit instead of 4.0 s."""
+    ended = stopped_while_evaluating(monkeypatch, "stopped-while-evaluating")
     assert ended == ["cancelled"], ended  # before: it ran to its end after the job had stopped
     assert not [t for t in threading.enumerate() if t.name.startswith("ropim-eval")]
 
@@ -162,28 +174,7 @@ def test_a_stop_ends_the_evaluation_in_flight(workdir, monkeypatch):
 def test_a_resume_evaluates_the_epoch_whose_evaluation_a_stop_cut_short(workdir, monkeypatch, caplog):
     """The stop above, then the same job again: it resumes from epoch 2's checkpoint, which is not trained again, so
     it evaluates those restored weights beside training. Before, the run never had a kNN score for epoch 2."""
-    started = threading.Event()
-
-    def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
-        started.set()
-        while not cancelled():
-            time.sleep(0.01)
-        raise Cancelled("cancelled")
-
-    log_epochs = store.log_epochs
-
-    def stopping(run_id, epochs, uri=None):
-        if any(m["epoch"] == 3 for m in epochs) and started.wait(10):
-            raise Interrupted(signal.SIGTERM)
-        log_epochs(run_id, epochs, uri)
-
-    cfg = tiny_pretrain(run_name="resumed-after-evaluating", num_workers=0, epochs=4, max_steps_per_epoch=1,
-                        eval_every=2, registered_model="", precision="fp32")
-    with monkeypatch.context() as m:
-        m.setattr(module, "frozen_scores", endless_scores)
-        m.setattr(store, "log_epochs", stopping)
-        with pytest.raises(KeyboardInterrupt):
-            run(cfg)
+    stopped_while_evaluating(monkeypatch, "resumed-after-evaluating")
     scored = []
 
     def scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None):
@@ -192,7 +183,7 @@ def test_a_resume_evaluates_the_epoch_whose_evaluation_a_stop_cut_short(workdir,
 
     monkeypatch.setattr(module, "frozen_scores", scores)
     caplog.set_level("INFO", logger="ropim.train")
-    result = run(cfg)
+    result = run(stopping_job("resumed-after-evaluating"))
     knn = sorted(store.client().get_metric_history(result.run_id, "knn_top1"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in knn] == [(2, 51.0), (4, 52.0)]  # epoch 2 scored first, on its own weights
     said = [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()]

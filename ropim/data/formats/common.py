@@ -82,12 +82,18 @@ class Listing:
         self.seen.add(real)
         return True
 
+    READ = "/".join(IMAGE_EXTENSIONS)  # the files a listing reads, as its messages name them
+
+    def shown(self, path: str) -> str:
+        """``path`` as the listing's messages show it: relative to the source."""
+        return relative(path, self.root)
+
     def notes(self) -> list[str]:
         """The links out of the source that were not followed, and how to follow them (none: [])."""
         if not self.outside:
             return []
         first = self.outside[0]
-        return [f"{len(self.outside)} symbolic links lead outside the source (e.g. {relative(first, self.root)} -> "
+        return [f"{len(self.outside)} symbolic links lead outside the source (e.g. {self.shown(first)} -> "
                 f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them (`ropim "
                 "data`: --follow-links true), each real file still listed once"]
 

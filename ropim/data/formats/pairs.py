@@ -14,18 +14,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import (
-    IMAGE_DIRS,
-    IMAGE_EXTENSIONS,
-    MASK_DIRS,
-    SEGMENT,
-    Listing,
-    Source,
-    class_names,
-    is_folder,
-    is_image,
-    relative,
-)
+from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Listing, Source, class_names, is_folder, is_image
 from ropim.data.lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -93,13 +82,13 @@ class PairListing(Listing):
         the file of that stem that is not listed, as a TIFF mask)."""
         (imgs, out_i), (masks, out_m) = self.stems(image_dir, True), self.stems(mask_dir, False)
         if imgs and not masks and not out_m:
-            check_unread(mask_dir, set(imgs), imgs, "mask")
+            self.check_unread(mask_dir, set(imgs), imgs, "mask")
             raise ConfigError(f"no masks in {mask_dir} for the {len(imgs)} images of {image_dir}; put each image's "
                               "label map there as a PNG of the same name (class indices 0..K-1, 255 = ignore)")
         for a, b, missing, other in ((imgs, masks, "mask", mask_dir), (masks, imgs, "image", image_dir)):
             lonely = sorted(set(a) - set(b) - out_i - out_m)
             if lonely:
-                check_unread(other, set(lonely), a, missing)
+                self.check_unread(other, set(lonely), a, missing)
                 raise ConfigError(f"{a[lonely[0]]} has no {missing} in {other} ({len(lonely)} such file(s)); every "
                                   "image needs a mask of the same name (.png) and every mask an image")
         self.repeats += [(imgs[k], masks.get(k), self.kept[os.path.realpath(imgs[k])]) for k in sorted(out_i)
@@ -114,24 +103,25 @@ class PairListing(Listing):
         """``Listing.notes``, and the pairs left out because their image was listed already (none: [])."""
         if not self.repeats:
             return super().notes()
-        image, mask, kept = (relative(f, self.root) if f else f for f in self.repeats[0])
+        image, mask, kept = (self.shown(f) if f else f for f in self.repeats[0])
         also = f" and its mask {mask}" if mask else ""
         return [*super().notes(), f"{len(self.repeats)} pair(s) left out: their image is one listed already (e.g. "
                 f"{image} is {kept}, through a link); {kept}'s pair is kept, {image}{also} left out; copy the image "
                 "to keep both pairs, or remove the link"]
 
-
-def check_unread(folder: str, stems: set[str], partners: dict[str, str], missing: str) -> None:
-    """ConfigError naming the first file in ``folder`` of one of ``stems`` whose type is not listed (a TIFF mask), and
-    its partner in ``partners`` ({stem: path}), which has no ``missing`` ('mask' or 'image'); nothing when none is."""
-    names = sorted(n for n in os.listdir(folder) if os.path.splitext(n)[0] in stems and not n.startswith("."))
-    for name in names:
-        path = os.path.join(folder, name)
-        if not is_image(name) and not os.path.isdir(path):
-            stem, ext = os.path.splitext(name)
-            fix = "a greyscale ('L') or palette ('P') PNG, one class index per pixel" if missing == "mask" else "PNG"
-            raise ConfigError(f"{path} is not read, so {partners[stem]} has no {missing}: images and masks are read "
-                              f"only as {'/'.join(IMAGE_EXTENSIONS)} files, not {ext}; save it as {fix}")
+    def check_unread(self, folder: str, stems: set[str], partners: dict[str, str], missing: str) -> None:
+        """ConfigError naming the first file in ``folder`` of one of ``stems`` whose type is not listed (a TIFF
+        mask), and its partner in ``partners`` ({stem: path}), which has no ``missing`` ('mask' or 'image'); nothing
+        when none is."""
+        names = sorted(n for n in os.listdir(folder) if os.path.splitext(n)[0] in stems and not n.startswith("."))
+        for name in names:
+            path = os.path.join(folder, name)
+            if not is_image(name) and not os.path.isdir(path):
+                stem, ext = os.path.splitext(name)
+                fix = "a greyscale ('L') or palette ('P') PNG, one class index per pixel" if missing == "mask" \
+                    else "PNG"
+                raise ConfigError(f"{path} is not read, so {partners[stem]} has no {missing}: images and masks are "
+                                  f"read only as {self.READ} files, not {ext}; save it as {fix}")
 
 
 def split_dirs(image_dir: str, mask_dir: str) -> dict[str, tuple[str, str]]:
