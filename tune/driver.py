@@ -25,9 +25,9 @@ from tune.study import study_storage
 from tune.trial import trial_driver
 
 DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; its Train workers hold the CPUs
-# the stored sweep's fields a continued sweep may change: how many trials run at once, and what ``--resume`` lets
-# the command line change (``tune.sweep.RESUMABLE``: registration)
-CHANGEABLE = ("max_concurrent", "register", "pretrain.registered_model")
+# the stored sweep's fields a continued sweep may change: what ``--resume`` lets the command line change
+# (``tune.sweep.RESUMABLE``: registration). Not max_concurrent: ``Tuner.restore`` keeps the stored TuneConfig
+CHANGEABLE = ("register", "pretrain.registered_model")
 
 
 def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
