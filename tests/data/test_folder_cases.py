@@ -127,3 +127,25 @@ def test_data_commands_take_the_pixel_guard(tmp_path, monkeypatch, capsys):
     assert "undecodable 2 of 4 sampled" in capsys.readouterr().out  # the 16×16 images: 256 pixels > 100
     cli_main(["data", "convert", "pics", "out", "--max-pixels", "100"])
     assert "bad images skipped 2" in capsys.readouterr().out
+
+
+def test_image_files_of_types_not_read_are_named(tmp_path, capsys):
+    """TIFF images (microscopes, satellites) beside JPEGs: left out of the listing, as before, and now named by
+    `ropim data inspect` with the fix; a folder of TIFFs alone is refused naming them, not as a folder of no images."""
+    mixed = tmp_path / "mixed"
+    for c in ("a", "b"):
+        (mixed / c).mkdir(parents=True)
+        Image.fromarray(pixels(8, 8, 1)).save(mixed / c / "0.png")
+        Image.fromarray(pixels(8, 8, 2)).save(mixed / c / "1.tif")
+    (mixed / "a" / "2.TIFF").write_bytes((mixed / "a" / "1.tif").read_bytes())
+    (mixed / "a" / "notes.txt").write_text("not an image")
+    cli_main(["data", "inspect", str(mixed)])
+    out = capsys.readouterr().out
+    assert ("note        3 image files of types not read are left out (2 .tif, 1 .tiff): images are read as "
+            ".jpg/.jpeg/.png/.webp/.bmp/.gif files; save them as PNG to use them") in out, out
+    only = tmp_path / "only-tiff"
+    (only / "a").mkdir(parents=True)
+    Image.fromarray(pixels(8, 8, 1)).save(only / "a" / "0.tif")
+    with pytest.raises(SystemExit, match=r"only-tiff': no image it reads: 1 image files of types not read are left "
+                                         r"out \(1 \.tif\): images are read as \.jpg/"):
+        cli_main(["data", "inspect", str(only)])

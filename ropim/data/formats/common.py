@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 
 CLASSIFY, SEGMENT = "classify", "segment"  # DataConfig.TASK, SegDataConfig.TASK
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif")
+# image files of other types (TIFF from microscopes and satellites, …): not listed, and counted so a listing says so
+OTHER_IMAGES = (".tif", ".tiff", ".jfif", ".jpe", ".jp2", ".ppm", ".pgm", ".pbm", ".dib", ".apng", ".heic", ".avif")
 # the folders of a segmentation folder pair (``ropim.data.formats.pairs``; ADE20K's release: images/ + annotations/)
 IMAGE_DIRS, MASK_DIRS = ("images", "imgs", "img"), ("masks", "labels", "annotations")
 VAL_NAMES = ("val", "validation", "test")  # a folder or shard-name prefix that holds a source's own val split
@@ -66,6 +68,7 @@ class Listing:
         self.root, self.real_root, self.follow = root, os.path.realpath(root), follow
         self.seen: set[str] = set()
         self.outside: list[str] = []
+        self.unread: dict[str, int] = {}  # image files of types not read (``OTHER_IMAGES``): {extension: count}
 
     def allowed(self, path: str, real: str) -> bool:
         """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
@@ -88,14 +91,26 @@ class Listing:
         """``path`` as the listing's messages show it: relative to the source."""
         return relative(path, self.root)
 
+    def passed_over(self, name: str) -> None:
+        """Count a file that is not listed when it is an image of a type not read (``OTHER_IMAGES``)."""
+        ext = os.path.splitext(name)[1].lower()
+        if ext in OTHER_IMAGES and not name.startswith("."):
+            self.unread[ext] = self.unread.get(ext, 0) + 1
+
     def notes(self) -> list[str]:
-        """The links out of the source that were not followed, and how to follow them (none: [])."""
-        if not self.outside:
-            return []
-        first = self.outside[0]
-        return [f"{len(self.outside)} symbolic links lead outside the source (e.g. {self.shown(first)} -> "
-                f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them (`ropim "
-                "data`: --follow-links true), each real file still listed once"]
+        """The links out of the source that were not followed, and how to follow them; the image files of types not
+        read, and the fix (none: [])."""
+        notes = []
+        if self.outside:
+            first = self.outside[0]
+            notes.append(f"{len(self.outside)} symbolic links lead outside the source (e.g. {self.shown(first)} -> "
+                         f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them "
+                         "(`ropim data`: --follow-links true), each real file still listed once")
+        if self.unread:
+            kinds = ", ".join(f"{n} {ext}" for ext, n in sorted(self.unread.items()))
+            notes.append(f"{sum(self.unread.values())} image files of types not read are left out ({kinds}): images "
+                         f"are read as {self.READ} files; save them as PNG to use them")
+        return notes
 
 
 def in_val(keys, seed: int, fraction: float) -> np.ndarray:

@@ -55,7 +55,9 @@ def walk_images(folder: str, listing: Listing) -> Iterator[str]:
             if is_folder(entry):
                 if not entry.name.startswith("."):
                     subfolders.append((entry.path, target))
-            elif is_image(entry.name) and listing.allowed(entry.path, target) and listing.first(target):
+            elif not is_image(entry.name):
+                listing.passed_over(entry.name)
+            elif listing.allowed(entry.path, target) and listing.first(target):
                 yield entry.path
         stack += reversed(subfolders)
 
@@ -103,6 +105,8 @@ def no_images(folder: str, root: str) -> str:
         list(walk_images(os.path.join(folder, c), listing))
     if listing.outside:
         return f"no image inside it: {listing.notes()[0]}"
+    if listing.unread:
+        return f"no image it reads: {listing.notes()[-1]}"
     return f"no images ({'/'.join(IMAGE_EXTENSIONS)}) in class folders under {folder}; {LAYOUT}"
 
 
