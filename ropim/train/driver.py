@@ -105,11 +105,11 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
                   "run_dir": folder, **inputs}
         return fit(worker_fn, config, cfg, datasets=datasets, **trainer_kwargs)
     except store.TrackingError as err:  # the store (down) did not take the last records: nothing to tag it with
-        raise JobFailed(unrecorded(p, "its last epochs' records", err)) from None
+        raise JobFailed(unrecorded(p, "its last epochs' records", err,
+                                   " (the latest holds the records the store did not take)")) from None
     except NoRoom as err:
         store.set_tags(mlflow_run.run_id, {"ropim.failure": str(err)}, p.tracking)
-        removed = remove_uncommitted(folder) if cfg.num_workers > 0 else []  # Ray's half-written uploads
-        cleaned = f" (removed {len(removed)} upload(s) it did not finish)" if removed else ""
+        cleaned = f" ({removed})" if (removed := removed_uploads(cfg)) else ""
         raise NoRoom(f"run {cfg.run_name}: {err}; its complete checkpoints are kept in {folder}{cleaned}: then "
                      f"continue with `{p.resume_hint}`") from None
     except Exception as err:
@@ -120,25 +120,32 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
         raise JobFailed(failed(p, mlflow_run, why)) from err
 
 
-def unrecorded(p: Prepared, what: str, err: BaseException) -> str:
-    """The line of a run whose tracking store did not take ``what`` (a server down past MLflow's own retries)."""
+def unrecorded(p: Prepared, what: str, err: BaseException, held: str = "") -> str:
+    """The line of a run whose tracking store did not take ``what`` (a server down past MLflow's own retries);
+    ``held``: what the latest checkpoint holds of it."""
     return (f"run {p.cfg.run_name}: the tracking store {p.tracking} did not take {what} ({first_line(err)}); nothing "
-            "registered, the run's complete checkpoints kept (the latest holds the records the store did not take); "
-            f"once the store answers, continue with `{p.resume_hint}`")
+            f"registered, the run's complete checkpoints kept{held}; once the store answers, continue with "
+            f"`{p.resume_hint}`")
+
+
+def removed_uploads(cfg: JobConfig) -> str:
+    """Remove the checkpoint uploads of a failed Ray Train run that Ray never registered (``remove_uncommitted``);
+    say which ("" when none, or the run was in this process)."""
+    removed = remove_uncommitted(run_dir(cfg)) if cfg.num_workers > 0 else []
+    return f"removed {len(removed)} checkpoint upload(s) Ray never registered ({', '.join(removed)})" if removed else ""
 
 
 def failed(p: Prepared, mlflow_run: Run, why: str) -> str:
     """The line of a run that failed outside the job: why, the last epoch MLflow holds and the workers' peak memory
     then, the uploads Ray never registered (removed), how to continue."""
     cfg = p.cfg
-    removed = remove_uncommitted(run_dir(cfg)) if cfg.num_workers > 0 else []
+    removed = removed_uploads(cfg)
     last = max(store.metric_steps(mlflow_run.run_id, "epoch_time_s", p.tracking), default=0)
     kept = f"epoch {last}/{cfg.epochs} recorded last" if last else "no epoch recorded"
     rss = store.client(p.tracking).get_run(mlflow_run.run_id).data.metrics.get("peak_rss_mb")
     if rss is not None:
         kept += f", workers at {rss / 1024:.1f} GiB peak RSS"
-    cleaned = f"; removed {len(removed)} checkpoint upload(s) Ray never registered ({', '.join(removed)})" \
-        if removed else ""
+    cleaned = f"; {removed}" if removed else ""
     return (f"run {cfg.run_name} failed: {why}; MLflow run {mlflow_run.run_id} marked FAILED ({kept})"
             f"{cleaned}; continue from its last complete checkpoint with `{p.resume_hint}`")
 
