@@ -29,6 +29,7 @@ import functools
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -307,25 +308,32 @@ class Finetune:
 
 # ---- sizing, the runs, the report ----
 
-def seconds_per_step(step, sync, warmup: int, timed: int) -> float:
-    """Mean seconds of ``timed`` calls of ``step`` after ``warmup`` untimed ones (on a throwaway model)."""
+def seconds_per_step(step, sync, warmup: int, timed: int, blocks: int) -> float:
+    """Median over ``blocks`` blocks of the mean seconds of ``timed`` calls of ``step``, after ``warmup`` untimed ones.
+
+    The median, so that one slow block (a late autotune, the host busy for a moment) does not set the budget: in the
+    seed-9 window one mean of 10 steps read the fine-tune step 51% slow and cost the pretrainings 24 s each.
+    """
     for i in range(warmup):
         step(i)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(timed):
-        step(i)
-    sync()
-    return (time.perf_counter() - t0) / timed
+    means = []
+    for b in range(blocks):
+        sync()
+        t0 = time.perf_counter()
+        for i in range(timed):
+            step(warmup + b * timed + i)
+        sync()
+        means.append((time.perf_counter() - t0) / timed)
+    return statistics.median(means)
 
 
 def plan(args, data: dict, recipe: Recipe, sync, t_start: float) -> dict:
     """Step times measured now, and the budget they give: pretraining steps per method, fine-tune epochs."""
-    seed, warm, timed = args.seed, (1 if args.tiny else 3), (2 if args.tiny else 10)
-    step_s = {c: seconds_per_step(Pretraining(c, data, recipe, seed, args).step, sync, warm, timed)
+    seed, warm, timed, blocks = args.seed, (1 if args.tiny else 3), (2 if args.tiny else 5), (1 if args.tiny else 3)
+    step_s = {c: seconds_per_step(Pretraining(c, data, recipe, seed, args).step, sync, warm, timed, blocks)
               for c in PRETRAINED}
     step_s["finetune"] = seconds_per_step(Finetune(None, data, recipe, seed, args, recipe.layer_decay).step, sync,
-                                          warm, timed)
+                                          warm, timed, blocks)
     left = 60 * args.minutes * (1 - args.reserve) - (time.perf_counter() - t_start)
     if left <= 0:
         raise SystemExit(f"bench/gpu_evidence.py: --minutes {args.minutes} is spent before training starts "

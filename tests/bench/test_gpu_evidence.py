@@ -95,3 +95,15 @@ def test_fixed_finetune_epochs_leave_the_rest_to_the_pretrainings(plan):
     assert budget["pretrain_steps"] == {"rop": 1000, "mask": 2000}
     with pytest.raises(SystemExit, match="--finetune-epochs 300 needs 600 s of fine-tuning and 600 s are left"):
         plan(finetune_epochs=300)
+
+
+def test_one_slow_block_does_not_set_the_step_time(ev, monkeypatch):
+    """The seed-9 window: one slow stretch while measuring read the fine-tune step 51% slow and shrank the budget."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(ev.time, "perf_counter", lambda: clock["t"])
+
+    def step(i: int) -> None:
+        clock["t"] += 0.5 if i == 5 else 0.01  # the second timed block holds one 50x step
+
+    assert ev.seconds_per_step(step, lambda: None, warmup=3, timed=4, blocks=3) == pytest.approx(0.01)
+    assert ev.seconds_per_step(step, lambda: None, warmup=3, timed=12, blocks=1) > 0.05  # one mean: the outlier counts
