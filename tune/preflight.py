@@ -23,12 +23,11 @@ class PreparedSweep(SweepConfig):
     """A sweep that passed ``prepare``: named, its local paths absolute, every value it can take checked."""
 
 
-def prepare(cfg: SweepConfig) -> PreparedSweep:
-    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch at least,
-    and validate the sweep, every value each knob can take and the first batches, before Ray starts; a sweep
-    already prepared is returned as it is."""
-    if isinstance(cfg, PreparedSweep):
-        return cfg
+def derived(cfg: SweepConfig) -> SweepConfig:
+    """``cfg`` as the pre-flight completes it: named, local paths absolute (trials run in other folders), evaluated at
+    the final epoch at least, the linear probe on where it is the metric; ConfigError only where ASHA lacks the
+    intermediate evaluations. ``--resume`` compares a command line with the stored sweep through it, so that the
+    original command typed again changes nothing."""
     cfg = cfg.resolved()
     pretrain = json.loads(json.dumps(cfg.pretrain))
     if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
@@ -37,8 +36,20 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
         pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
     if cfg.metric == "linear_top1":
         pretrain["eval_linear_probe"] = True
-    cfg = dataclasses.replace(cfg, pretrain=pretrain, name=cfg.name or default_run_name(cfg.preset))
-    cfg.validate()
+    segment = cfg.segment
+    if cfg.metric == "segment_miou":
+        segment = {**segment, "data": asdict(SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().data)}
+    return dataclasses.replace(cfg, pretrain=pretrain, segment=segment, name=cfg.name or default_run_name(cfg.preset))
+
+
+def prepare(cfg: SweepConfig) -> PreparedSweep:
+    """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch at least,
+    and validate the sweep, every value each knob can take and the first batches, before Ray starts; a sweep
+    already prepared is returned as it is."""
+    if isinstance(cfg, PreparedSweep):
+        return cfg
+    cfg = derived(cfg).validate()
+    pretrain = cfg.pretrain
     base = PretrainConfig.from_dict(pretrain).validate()
     for knob, dist in cfg.space.items():
         for value in next(iter(dist.values())):
@@ -46,9 +57,8 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
     batches = {"global_batch_size": base.global_batch_size}
     if cfg.metric == "finetune_top1":
         batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
-    if cfg.metric == "segment_miou":  # its data resolved here: trials run in other folders
-        seg = SegmentConfig.from_dict(cfg.trial_segment(pretrain)).resolved().validate()
-        cfg = dataclasses.replace(cfg, segment={**cfg.segment, "data": asdict(seg.data)})
+    if cfg.metric == "segment_miou":
+        SegmentConfig.from_dict(cfg.trial_segment(pretrain)).validate()
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
     check_batch_fits(base.data, batches)

@@ -29,7 +29,7 @@ from ropim.train.jobs import field_value
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
 from tune.config import FINETUNE_FROM_TRIAL, METRICS, PRESETS, SCHEDULERS, SEARCHES, SweepConfig
-from tune.preflight import prepare
+from tune.preflight import derived, prepare
 
 if TYPE_CHECKING:
     from tune.outcome import SweepResult
@@ -128,7 +128,7 @@ def resumed(name: str, given: SweepConfig, typed: frozenset[str]) -> SweepConfig
     meta = read_run_meta(given.storage_path, name)
     if meta is None:
         raise ConfigError(f"--resume {name}: no sweep of that name under --storage-path {given.storage_path}")
-    stored, now = SweepConfig.from_dict(meta["config"]), given.resolved()
+    stored, now = SweepConfig.from_dict(meta["config"]), derived(given)
     fixed = sorted(k for k in typed - {"storage_path", *RESUMABLE} if sweep_value(now, k) != sweep_value(stored, k))
     if fixed:
         changed = ", ".join(f"{k}={sweep_value(now, k)!r} (stored {sweep_value(stored, k)!r})" for k in fixed)

@@ -101,6 +101,9 @@ def test_resume_changes_only_what_may_change_and_refuses_the_rest(workdir, capsy
     assert config_from_args(["--resume", "s"]).to_dict() == stored.to_dict()
     same = ["--resume", "s", "--preset", "rho_ablation", *TINY, "--epochs", "2"]  # as stored: nothing changes
     assert config_from_args(same).to_dict() == stored.to_dict()
+    assert stored.pretrain["eval_every"] == 2  # the pre-flight's: kNN at the last epoch only
+    typed_again = [*same, "--eval_every", "0", "--storage_path", "ray_results"]  # the original's own flags, relative
+    assert config_from_args(typed_again).to_dict() == stored.to_dict()  # before: refused, eval_every=0 (stored 2)
     capsys.readouterr()
     changed = config_from_args(["--resume", "s", "--registered_model", "other", "--no-register"])
     assert changed.pretrain == {**stored.pretrain, "registered_model": "other"} and not changed.register
