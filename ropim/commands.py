@@ -105,6 +105,7 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
     is imported, then the job; its last line is its URI or scores, or how to continue it. ``--resume RUN`` runs the
     stored config of RUN, changed only where the command line typed a resumable field (``typed``: the dotted names of
     the fields it gives)."""
+    from ropim.data.sources import one_listing
     from ropim.train.jobs import JOBS, prepare, resumed
 
     job = JOBS[name]
@@ -115,10 +116,11 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
             print(f"[{name}] --resume {ns.resume}: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new)
                                                                in changes.items()) + " (typed); the rest as stored",
                   flush=True)
-    prepared = prepare(cfg)
-    from ropim.train.driver import run
+    with one_listing():  # the pre-flight lists the data once; the job's datasets take that listing
+        prepared = prepare(cfg)
+        from ropim.train.driver import run
 
-    result = run(prepared)
+        result = run(prepared)
     if result.metrics.get("epoch") != prepared.cfg.epochs:
         print(f"unfinished: {prepared.resume_hint}")
     else:

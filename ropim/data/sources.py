@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -28,6 +31,8 @@ HINT = {CLASSIFY: "give 'digits', an ImageFolder tree (ROOT/<class>/<image>), a 
         SEGMENT: "give 'digits', an ADE20K folder (images/ + annotations/), an images/ + masks/ folder pair, or "
                  "Parquet shards"}
 PREFLIGHT_SAMPLE = 8  # the first images of a training split that pre-flight decodes
+LISTED: dict[tuple, Source] | None = None  # inside ``one_listing``: (resolved config, img_size) -> its Source
+LISTING = threading.Lock()  # a background evaluation opens sources beside the training thread
 
 
 def formats(task: str) -> dict[str, ModuleType]:
@@ -98,11 +103,35 @@ def check_pairs(src: Source, n: int) -> tuple[int, list[tuple[str, str]]]:
     return sampled, skipped
 
 
+@contextlib.contextmanager
+def one_listing() -> Iterator[None]:
+    """Within the block (a job, on its driver and on each of its workers) each source is listed once: ``open_source``
+    gives the Source it listed first for the same config. The pre-flight, the Ray dataset and every evaluation then
+    see the same files, and a large folder is not walked again for each (files added meanwhile: the next job's)."""
+    global LISTED
+    if LISTED is not None:  # an outer block holds the listings
+        yield
+        return
+    LISTED = {}
+    try:
+        yield
+    finally:
+        LISTED = None
+
+
 def open_source(cfg: DataConfig, img_size: int = 32) -> Source:
-    """The source's splits, listed (nothing decoded); ``img_size`` sizes the built-in digits' images."""
-    fmt = detect_format(cfg)
-    fmt.check(cfg)
-    return fmt.source(cfg, img_size)
+    """The source's splits, listed (nothing decoded); ``img_size`` sizes the built-in digits' images. Inside
+    ``one_listing``, the listing already made of the same source."""
+    with LISTING:
+        key = (cfg.resolved(), img_size)
+        if LISTED is not None and key in LISTED:
+            return LISTED[key]
+        fmt = detect_format(cfg)
+        fmt.check(cfg)
+        listed = fmt.source(cfg, img_size)
+        if LISTED is not None:
+            LISTED[key] = listed
+        return listed
 
 
 def count_images(cfg: DataConfig, split: str) -> int:

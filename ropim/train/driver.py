@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ropim.console import ensure_logging
+from ropim.data.sources import one_listing
 from ropim.errors import ConfigError, JobFailed, first_line
 from ropim.paths import is_uri, job_copy_note
 from ropim.tracking import store
@@ -36,6 +37,7 @@ from ropim.train.snapshot import remove_uncommitted
 from ropim.train.task import Worker
 
 
+@one_listing()  # a worker's evaluations and pictures list the data once
 def worker_main(config: dict, worker: Worker) -> None:
     """One worker of any job: its Task (``config["job"]`` names the job) on the one loop."""
     task = JOBS[config["job"]].load("task")(config, worker)
@@ -62,6 +64,7 @@ class JobResult:
             yield Path(self.checkpoint_path)
 
 
+@one_listing()  # the pre-flight's listing serves the run's datasets
 def run(job: JobConfig | Prepared, *, worker_fn: WorkerFn = worker_main, register: bool = True,
         run_options: dict | None = None, **trainer_kwargs) -> JobResult:
     """Run a job (a config, or what ``prepare`` made of it): train (or continue) its run, then register its result.
