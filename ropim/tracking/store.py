@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from ropim.paths import recorded_location
 from ropim.tracking.signals import STOP
-from ropim.tracking.uri import tracking_uri
+from ropim.tracking.uri import check_tracking, tracking_uri
 
 # what a call to the store ends with when the store does not take it (a server down, sqlite locked past the retries,
 # a bad request): MLflow's error, for the layers above that do not import MLflow
@@ -135,6 +135,17 @@ def create_run(experiment: str, run_name: str | None, params: dict, tags: dict |
     flat = {k: recorded_location(v) if k.rsplit(".", 1)[-1] == "source" else v for k, v in flatten(params).items()}
     c.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in flat.items()])
     return run.info.run_id
+
+
+def answers(uri: str | None = None, timeout: float = 5.0) -> bool:
+    """Whether the tracking store answers now: an MLflow server's ``/health`` within ``timeout`` seconds (a local
+    store: its folder writable). One short request, where a call to a server that is down waits out MLflow's own
+    retries (about 4 minutes with its defaults)."""
+    try:
+        check_tracking(uri or tracking_uri(), timeout)
+    except ConnectionError:
+        return False
+    return True
 
 
 def log_metrics(run_id: str, metrics: dict[str, float], step: int, uri: str | None = None) -> None:

@@ -118,10 +118,14 @@ class Task(ABC):
         """Rank 0: store the metrics of ``epochs`` in MLflow as each epoch ends, before its checkpoint uploads; an
         epoch trained again after a restart keeps its first record (``store.log_epochs``). A store that does not
         take them (a server down past MLflow's own retries) does not stop training: they are kept in ``unsent``
-        (and in each checkpoint meanwhile) and sent with the next epoch's, one line when that starts and one when
-        they are sent; the job's ``last`` record raises instead, so that the run is not finished without them."""
+        (and in each checkpoint meanwhile) and sent with the first epoch's whose end finds the store answering
+        (``store.answers``: one short request, not MLflow's retries), one line when that starts and one when they
+        are sent; the job's ``last`` record raises instead, so that the run is not finished without them."""
         batch = [*self.unsent, *epochs]
         if not batch:
+            return
+        if self.unsent and not last and not store.answers(self.tracking):  # still down: no retries waited out
+            self.unsent = batch
             return
         try:
             store.log_epochs(self.run_id, batch, self.tracking)

@@ -66,6 +66,40 @@ def test_training_goes_on_while_the_store_is_down_and_sends_what_it_kept(workdir
     assert "pictures/reconstruction_epoch0003.png" in pictures
 
 
+def test_a_store_still_down_costs_one_short_request_an_epoch(workdir, monkeypatch):
+    """Once a record is refused, each epoch end asks the server's ``/health`` before sending: while it stays down
+    nothing is sent, so no epoch waits out MLflow's retries (about 4 minutes a call with its defaults, at every epoch
+    end before). The job's last record is sent whatever the answer (it is strict)."""
+    taken = outage(monkeypatch, down={2})
+    health = iter([False, False, True])  # asked at the ends of epochs 3, 4 (down) and 5 (up)
+    monkeypatch.setattr(store, "answers", lambda uri=None, timeout=5.0: next(health))
+    result = run(tiny_pretrain(run_name="still-down", num_workers=0, epochs=6, max_steps_per_epoch=1, viz_every=1))
+    assert taken == [[1], [2, 3, 4, 5], [6]]  # before: [[1], [2, 3], [4], [5], [6]], each refusal after retries
+    assert recorded(result.run_id) == [1, 2, 3, 4, 5, 6] and next(health, None) is None
+    pictures = {f.path for f in store.client().list_artifacts(result.run_id, "pictures")}
+    assert {p for p in pictures if "reconstruction" in p} == {f"pictures/reconstruction_epoch000{e}.png"
+                                                              for e in (1, 2, 3, 4, 5, 6)}  # pictures not refused
+
+
+def test_pictures_wait_for_a_store_that_answers(workdir, monkeypatch):
+    """Epoch 2's pictures refused: epoch 3's are not tried while ``/health`` says the store is still down."""
+    tried, artifact = [], store.log_artifact
+
+    def log_artifact(run_id, path, *a, **k):
+        tried.append(path.name)
+        if "epoch0002" in path.name:
+            raise DOWN
+        return artifact(run_id, path, *a, **k)
+
+    monkeypatch.setattr(store, "log_artifact", log_artifact)
+    health = iter([False, True])  # asked before epochs 3 (down) and 4 (up)'s pictures
+    monkeypatch.setattr(store, "answers", lambda uri=None, timeout=5.0: next(health))
+    result = run(tiny_pretrain(run_name="pictures-down", num_workers=0, epochs=4, max_steps_per_epoch=1, viz_every=1))
+    assert [t for t in tried if t.startswith("reconstruction")] == [
+        "reconstruction_epoch0001.png", "reconstruction_epoch0002.png", "reconstruction_epoch0004.png"]
+    assert recorded(result.run_id) == [1, 2, 3, 4] and next(health, None) is None
+
+
 def test_a_job_continuing_from_a_checkpoint_sends_the_records_it_holds(workdir, monkeypatch):
     """The store is down when epoch 2 ends, and the job is stopped at epoch 3: epoch 2's checkpoint holds its record,
     and the same job again (the store back) sends it. Before, the run failed at epoch 2."""

@@ -171,7 +171,8 @@ class PretrainTask(Task):
         cfg, epoch = self.cfg, metrics["epoch"]
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"data wait {100 * metrics['data_wait_share']:.1f}%",
                        *percents(metrics, "knn_top1", "linear_top1"))
-        if self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs):
+        due = self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs)
+        if due and (not self.pictures_refused or store.answers(self.tracking)):  # still down: no retries waited out
             try:
                 log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed,
                              figure5=epoch == cfg.epochs)
