@@ -15,6 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from ropim.errors import ConfigError
 from ropim.filesystems import filesystem
 from ropim.paths import is_uri
@@ -60,7 +62,7 @@ def acquire(storage_path: str, name: str) -> str:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            held = read_holder(path)
+            held = holder_at(pafs.LocalFileSystem(), str(path))
             if held is not None and alive(held):
                 raise in_use(name, storage_path, held) from None
             path.unlink(missing_ok=True)  # stale: its owner is gone
@@ -69,13 +71,6 @@ def acquire(storage_path: str, name: str) -> str:
             json.dump(owner(), f)
         return str(path)
     raise RunInUse(f"run_name={name!r}: could not take its lock {path}; is another job starting it right now?")
-
-
-def read_holder(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # vanished or half-written: treat as stale
 
 
 def in_use(name: str, storage_path: str, held: dict) -> RunInUse:
@@ -89,34 +84,37 @@ def check_free(storage_path: str, name: str) -> None:
     """RunInUse when a live job holds run ``name``'s lock; only read (a job takes the lock as it opens the run), so
     that the pre-flight says so before any other trouble with the run."""
     fs, root = filesystem(storage_path)
-    path = f"{root}/{name}/{LOCK}"
-    if fs.get_file_info(path).type.name == "NotFound":
-        return
-    try:
-        with fs.open_input_stream(path) as f:
-            held = json.loads(f.read().decode())
-    except (OSError, ValueError):
-        return  # vanished or half-written: as ``acquire`` judges it
-    if alive(held):
+    held = holder_at(fs, f"{root}/{name}/{LOCK}")
+    if held is not None and alive(held):
         raise in_use(name, storage_path, held)
 
 
-def acquire_remote(storage_path: str, name: str) -> str:
-    """The remote-storage lock: write, read back, keep only if still ours."""
-    fs, root = filesystem(storage_path)
-    path = f"{root}/{name}/{LOCK}"
-    if fs.get_file_info(path).type.name != "NotFound":
+def holder_at(fs: pafs.FileSystem, path: str) -> dict | None:
+    """The owner the lock file ``path`` on ``fs`` records; None when there is none, or it vanished or is half-written
+    (stale, as ``acquire`` judges a local one)."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    try:
         with fs.open_input_stream(path) as f:
-            held = json.loads(f.read().decode())
-        if alive(held):
-            raise in_use(name, storage_path, held)
-    me = owner()
+            return json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def acquire_remote(storage_path: str, name: str) -> str:
+    """The remote-storage lock: unless a live job holds it (``check_free``), write it, read it back, keep it only if
+    still ours."""
+    check_free(storage_path, name)
+    fs, root = filesystem(storage_path)
+    path, me = f"{root}/{name}/{LOCK}", owner()
     fs.create_dir(f"{root}/{name}", recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps(me).encode())
-    with fs.open_input_stream(path) as f:
-        if json.loads(f.read().decode()) != me:
-            raise in_use(name, storage_path, me)
+    held = holder_at(fs, path)
+    if held != me:  # another job wrote it after us
+        raise in_use(name, storage_path, held) if held else RunInUse(
+            f"run_name={name!r}: could not take its lock {storage_path}/{name}/{LOCK}; is another job starting it "
+            "right now?")
     return f"{storage_path}/{name}/{LOCK}"
 
 
