@@ -61,6 +61,9 @@ def test_a_link_to_an_image_of_another_class_or_split_lists_it_once(tmp_path):
     listed = {s: src.split(s).paths for s in ("train", "val")}
     real = [os.path.realpath(root / p) for s in listed.values() for p in s]
     assert len(real) == len(set(real)) == 4, listed
+    assert src.notes == ["2 image(s) listed once though reached twice (e.g. train/dog/also.png is train/cat/t.png, "
+                         "through a link): the first met is kept, so that a picture is in one class and one split; "
+                         "copy the image to keep both"]  # before: left out without a word
 
 
 def test_links_to_images_outside_the_folder_are_named_not_silently_dropped(tmp_path, monkeypatch, capsys):

@@ -69,6 +69,8 @@ class Listing:
         self.seen: set[str] = set()
         self.outside: list[str] = []
         self.unread: dict[str, int] = {}  # image files of types not read (``OTHER_IMAGES``): {extension: count}
+        self.linked: dict[str, str] = {}  # an image listed through a link: its real path -> the link
+        self.again: list[tuple[str, str]] = []  # (path, real path) of images whose real file was listed already
 
     def allowed(self, path: str, real: str) -> bool:
         """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
@@ -85,6 +87,17 @@ class Listing:
         self.seen.add(real)
         return True
 
+    def take(self, path: str, real: str, link: bool) -> bool:
+        """Whether image ``path`` (``real``: its real path; ``link``: it is a symbolic link) is listed: its real file
+        is met for the first time; ``again`` gets it otherwise (one picture is not listed twice). Only links are
+        remembered by name (a tree of plain files costs no second map)."""
+        if self.first(real):
+            if link:
+                self.linked[real] = path
+            return True
+        self.again.append((path, real))
+        return False
+
     READ = "/".join(IMAGE_EXTENSIONS)  # the files a listing reads, as its messages name them
 
     def shown(self, path: str) -> str:
@@ -98,14 +111,19 @@ class Listing:
             self.unread[ext] = self.unread.get(ext, 0) + 1
 
     def notes(self) -> list[str]:
-        """The links out of the source that were not followed, and how to follow them; the image files of types not
-        read, and the fix (none: [])."""
+        """The links out of the source that were not followed, and how to follow them; the images reached twice; the
+        image files of types not read, and the fix (none: [])."""
         notes = []
         if self.outside:
             first = self.outside[0]
             notes.append(f"{len(self.outside)} symbolic links lead outside the source (e.g. {self.shown(first)} -> "
                          f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them "
                          "(`ropim data`: --follow-links true), each real file still listed once")
+        if self.again:
+            path, real = self.again[0]
+            notes.append(f"{len(self.again)} image(s) listed once though reached twice (e.g. {self.shown(path)} is "
+                         f"{self.shown(self.linked.get(real, real))}, through a link): the first met is kept, so that "
+                         "a picture is in one class and one split; copy the image to keep both")
         if self.unread:
             kinds = ", ".join(f"{n} {ext}" for ext, n in sorted(self.unread.items()))
             notes.append(f"{sum(self.unread.values())} image files of types not read are left out ({kinds}): images "

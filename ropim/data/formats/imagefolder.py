@@ -57,7 +57,7 @@ def walk_images(folder: str, listing: Listing) -> Iterator[str]:
                     subfolders.append((entry.path, target))
             elif not is_image(entry.name):
                 listing.passed_over(entry.name)
-            elif listing.allowed(entry.path, target) and listing.first(target):
+            elif listing.allowed(entry.path, target) and listing.take(entry.path, target, entry.is_symlink()):
                 yield entry.path
         stack += reversed(subfolders)
 
