@@ -104,19 +104,25 @@ def check_pairs(src: Source, n: int) -> tuple[int, list[tuple[str, str]]]:
 
 
 @contextlib.contextmanager
-def one_listing() -> Iterator[None]:
+def one_listing(listed: dict[tuple, Source] | None = None) -> Iterator[None]:
     """Within the block (a job, on its driver and on each of its workers) each source is listed once: ``open_source``
     gives the Source it listed first for the same config. The pre-flight, the Ray dataset and every evaluation then
-    see the same files, and a large folder is not walked again for each (files added meanwhile: the next job's)."""
+    see the same files, and a large folder is not walked again for each (files added meanwhile: the next job's).
+    ``listed``: listings made elsewhere to start from (``listings()`` of the driver's block, handed to a worker)."""
     global LISTED
     if LISTED is not None:  # an outer block holds the listings
         yield
         return
-    LISTED = {}
+    LISTED = dict(listed or {})
     try:
         yield
     finally:
         LISTED = None
+
+
+def listings() -> dict[tuple, Source]:
+    """The sources listed so far in this ``one_listing`` block ({} outside one)."""
+    return dict(LISTED or {})
 
 
 def open_source(cfg: DataConfig, img_size: int = 32) -> Source:

@@ -37,11 +37,18 @@ from ropim.train.snapshot import remove_uncommitted
 from ropim.train.task import Worker
 
 
-@one_listing()  # a worker's evaluations and pictures list the data once
 def worker_main(config: dict, worker: Worker) -> None:
-    """One worker of any job: its Task (``config["job"]`` names the job) on the one loop."""
-    task = JOBS[config["job"]].load("task")(config, worker)
-    train(task, task.cfg, worker)
+    """One worker of any job: its Task (``config["job"]`` names the job) on the one loop, in one listing of its data
+    that starts from the driver's (``config["listings"]``, a Ray object: a source the driver listed is not walked
+    again by each worker)."""
+    listed = config.get("listings")
+    if listed is not None:
+        import ray
+
+        listed = ray.get(listed)
+    with one_listing(listed):
+        task = JOBS[config["job"]].load("task")(config, worker)
+        train(task, task.cfg, worker)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ropim.data.sources import listings
 from ropim.errors import ConfigError
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
@@ -247,6 +248,10 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
                 metrics = json.loads((latest / "metrics.json").read_text())
         return FitResult(metrics, found[-1] if found else None)
     with ray_session(paths=worker_paths(job)):
+        if listed := listings():  # the workers start from the driver's listings instead of listing again
+            import ray
+
+            loop_config = {**loop_config, "listings": ray.put(listed)}
         try:
             result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
         except Exception as err:

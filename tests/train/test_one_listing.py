@@ -58,3 +58,33 @@ def test_a_job_lists_its_image_folder_once(workdir, listings):
                                eval_every=1, max_steps_per_epoch=1, viz_every=3))
     assert result.metrics["epoch"] == 3 and "knn_top1" in result.metrics  # every epoch evaluated, pictures drawn
     assert len(listings) == 1, listings  # before: 7 (pre-flight, count, dataset, pictures, 3 evaluations)
+
+
+class Handed(Exception):
+    """Stops a job once it has built its Ray trainer."""
+
+
+def test_ray_workers_start_from_the_drivers_listing(workdir, ray_session, listings, monkeypatch):
+    """On Ray Train the driver hands its listings to the workers (a Ray object): a worker that starts from them
+    lists nothing. Before, each worker walked the folder again (16 workers of a fine-tune: 16 walks of ImageNet)."""
+    import ray
+
+    from ropim.train import runtime
+    from ropim.train.driver import run
+
+    tree(workdir / "ray-imgs")
+    handed = {}
+
+    def trainer(fn, loop_config, job, **kwargs):
+        handed.update(loop_config)
+        raise Handed
+
+    monkeypatch.setattr(runtime, "torch_trainer", trainer)
+    with pytest.raises(Handed):
+        run(tiny_pretrain(run_name="handed", num_workers=1, cpus_per_worker=0.5, data=DataConfig(source="ray-imgs")))
+    listed = ray.get(handed["listings"])
+    assert [key[0].source for key in listed] == [str(workdir / "ray-imgs")] and len(listings) == 1
+    (key, driver_source), = listed.items()
+    with one_listing(listed):  # as worker_main starts
+        source = open_source(DataConfig(source=str(workdir / "ray-imgs")), key[1])
+    assert len(listings) == 1 and source.split("train").paths == driver_source.split("train").paths
