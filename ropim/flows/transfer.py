@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ropim.data.sources import one_listing
 from ropim.errors import ConfigError
 from ropim.flows.config import TransferConfig
 from ropim.flows.probe import probe
@@ -111,6 +112,7 @@ def format_markdown(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
 
 
+@one_listing()  # each data source listed once for every cell (and handed to each cell's Ray workers)
 def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
     cfg = cfg.resolved().validate()

@@ -121,6 +121,24 @@ def test_transfer_table_over_encoders(workdir, encoder):
 
 
 
+def test_transfer_lists_each_data_source_once_for_every_cell(workdir, encoder, monkeypatch):
+    """Two encoders probed on one ImageFolder: its pre-flight and both cells share one listing (before: one for the
+    pre-flight and one per cell, 4 walks of the whole tree)."""
+    from ropim.data.formats import imagefolder
+
+    uri, _ = encoder
+    for c in ("a", "b"):
+        (workdir / "pics" / c).mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(np.random.default_rng(i + 50 * (c == "b")).integers(0, 256, (8, 8, 3), np.uint8)).save(
+                workdir / "pics" / c / f"{i}.png")
+    calls, real = [], imagefolder.source
+    monkeypatch.setattr(imagefolder, "source", lambda cfg, *a: calls.append(cfg.source) or real(cfg, *a))
+    res = transfer(TransferConfig(encoders=f"{uri},{encoder_folder(workdir / 'enc-b', seed=2)}", data="pics",
+                                  mode="probe", probe=ProbeConfig(linear_max_iter=20), out="pics-table"))
+    assert len(res["rows"]) == 2 and calls == [str(workdir / "pics")]
+
+
 def test_transfer_puts_segmentation_beside_classification(workdir, encoder):
     uri, _ = encoder
     seg = SegmentConfig(data=SegDataConfig(canvases=20, canvas_size=32), crop_size=32, epochs=1, batch_size=2,
