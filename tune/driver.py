@@ -13,6 +13,7 @@ import os
 
 from ray.tune.search.optuna import OptunaSearch
 
+from ropim.data.sources import listings, one_listing
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.runtime import ray_session
@@ -77,6 +78,7 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
     )
 
 
+@one_listing()  # the pre-flight's listing of the data goes to every trial (``ctx["listings"]``)
 def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult:
     """Run (or continue) the sweep (``prepare``d here unless it is already); write the table and plots to the parent
     run; register the best encoder."""
@@ -117,7 +119,8 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
                                                             p["cpus_per_worker"], p["use_gpu"])
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
            "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
-           "metric": cfg.metric, "finetune": cfg.trial_finetune(p), "segment": cfg.trial_segment(p)}
+           "metric": cfg.metric, "finetune": cfg.trial_finetune(p), "segment": cfg.trial_segment(p),
+           "listings": listings()}  # Tune puts ctx in Ray's object store once (``tune.with_parameters``)
     if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
     try:

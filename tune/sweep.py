@@ -155,10 +155,13 @@ def run(ns: Namespace, typed: frozenset[str] = frozenset()) -> SweepResult:
     """Run (or continue) the sweep the flags describe (``typed``: the flags the command line gives, for
     ``--resume``); bad input fails before Ray Tune and torch are imported (the sweep is prepared once: the driver
     runs the ``PreparedSweep``)."""
-    cfg = prepare(config_from_namespace(ns, typed))
-    from tune.driver import run_sweep
+    from ropim.data.sources import one_listing
 
-    return run_sweep(cfg)
+    with one_listing():  # the pre-flight's listing of the data serves every trial
+        cfg = prepare(config_from_namespace(ns, typed))
+        from tune.driver import run_sweep
+
+        return run_sweep(cfg)
 
 
 class SweepCommand:

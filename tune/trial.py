@@ -15,6 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from ropim.data.sources import one_listing
 from ropim.tracking import store
 from ropim.train.driver import JobResult, run, worker_main
 from ropim.train.jobs import JOBS, prepare
@@ -25,28 +26,32 @@ from tune.spaces import apply_trial
 
 
 def trial_driver(config: dict, ctx: dict) -> None:
-    """Tune's trainable: train the trial's pretraining config; ``ctx`` holds what every trial of the sweep shares."""
+    """Tune's trainable: train the trial's pretraining config; ``ctx`` holds what every trial of the sweep shares,
+    the sweep's listings of its data included (a trial and its workers list no source the sweep listed)."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    trial_id = ray.tune.get_context().get_trial_id()
-    uri, storage = ctx["tracking_uri"], ctx["train_storage"]
-    cfg = PretrainConfig.from_dict(apply_trial(ctx["pretrain"], config))
-    cfg = dataclasses.replace(cfg, run_name=f"trial_{trial_id}", storage_path=storage)
-    tags = {"mlflow.parentRunId": ctx["parent_run_id"], "ropim.kind": "sweep-trial", "ropim.sweep": ctx["sweep"],
-            "ropim.trial_id": trial_id, "ropim.trial_config": json.dumps(config)}
-    # Tune runs a trial once at a time, possibly on another node after a restart: no lock; the sweep says how to resume
-    options = {"experiment": ctx["experiment"], "title": f"{ctx['sweep']}/{trial_id}", "tags": tags, "lock": False,
-               "config_artifact": None, "resume": None}
-    result = run(prepare(cfg, uri, register=False), worker_fn=functools.partial(record_placement_group, worker_main),
-                 register=False, run_options=options, callbacks=[TuneReportCallback()])
-    store.set_tags(result.run_id, {"ropim.checkpoint": result.checkpoint_path or ""}, uri)
-    metric = ctx.get("metric")
-    job = metric.split("_", 1)[0] if metric else None
-    if job in JOBS and result.metrics.get("epoch") == cfg.epochs:  # a downstream job's score: finetune_top1, …
-        score = downstream_score(job, metric.split("_", 1)[1], cfg, result, ctx[job], uri)
-        store.log_metrics(result.run_id, {metric: score}, cfg.epochs, uri)
-        ray.tune.report({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))} | {metric: score})
+    with one_listing(ctx.get("listings")):
+        trial_id = ray.tune.get_context().get_trial_id()
+        uri, storage = ctx["tracking_uri"], ctx["train_storage"]
+        cfg = PretrainConfig.from_dict(apply_trial(ctx["pretrain"], config))
+        cfg = dataclasses.replace(cfg, run_name=f"trial_{trial_id}", storage_path=storage)
+        tags = {"mlflow.parentRunId": ctx["parent_run_id"], "ropim.kind": "sweep-trial", "ropim.sweep": ctx["sweep"],
+                "ropim.trial_id": trial_id, "ropim.trial_config": json.dumps(config)}
+        # Tune runs a trial once at a time, possibly on another node after a restart: no lock; the sweep says how to
+        # resume
+        options = {"experiment": ctx["experiment"], "title": f"{ctx['sweep']}/{trial_id}", "tags": tags, "lock": False,
+                   "config_artifact": None, "resume": None}
+        result = run(prepare(cfg, uri, register=False),
+                     worker_fn=functools.partial(record_placement_group, worker_main), register=False,
+                     run_options=options, callbacks=[TuneReportCallback()])
+        store.set_tags(result.run_id, {"ropim.checkpoint": result.checkpoint_path or ""}, uri)
+        metric = ctx.get("metric")
+        job = metric.split("_", 1)[0] if metric else None
+        if job in JOBS and result.metrics.get("epoch") == cfg.epochs:  # a downstream job's score: finetune_top1, …
+            score = downstream_score(job, metric.split("_", 1)[1], cfg, result, ctx[job], uri)
+            store.log_metrics(result.run_id, {metric: score}, cfg.epochs, uri)
+            ray.tune.report({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))} | {metric: score})
 
 
 def log_encoder(cfg: PretrainConfig, result: JobResult, uri: str) -> str:

@@ -457,3 +457,37 @@ def test_a_sweep_whose_model_took_classifiers_meanwhile_registers_under_the_name
     assert len(registered) == 1 and registered[0].tags["kind"] == "encoder" and registered[0].run_id in trials
     assert len(_children(read_run_meta("ray_results", "late")["run_id"])) == 1  # no trial run again
     assert read_run_meta("ray_results", "late")["finished"]
+
+
+def test_trials_start_from_the_sweeps_listing(workdir, ray_session, monkeypatch):
+    """The sweep's pre-flight lists an ImageFolder once, and that listing goes to every trial (Tune's shared ``ctx``,
+    and from each trial's driver to its workers): before, each trial walked the tree again, as did each of its
+    workers."""
+    import numpy as np
+    from PIL import Image
+
+    import tune.driver
+    from ropim.data.formats import imagefolder
+    from ropim.data.sources import one_listing, open_source
+
+    for c in ("a", "b"):
+        folder = workdir / "sweep-pics" / c
+        folder.mkdir(parents=True)
+        for i in range(16):
+            Image.fromarray(np.full((8, 8, 3), i + 40 * (c == "b"), np.uint8)).save(folder / f"{i}.png")
+    calls, real = [], imagefolder.source
+    monkeypatch.setattr(imagefolder, "source", lambda cfg, *a: calls.append(cfg.source) or real(cfg, *a))
+    shared = {}
+
+    def tuner(cfg, ctx, callbacks):
+        shared.update(ctx)
+        raise KeyboardInterrupt  # a stop before any trial: the sweep ends as a stopped one
+
+    monkeypatch.setattr(tune.driver, "tuner", tuner)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep_command(sweep_parser().instantiate(sweep_parser().parse_args(
+            ["--preset", "rho_ablation", *TINY, "--data.source", "sweep-pics", "--name", "listed"])))
+    assert calls == [str(workdir / "sweep-pics")]  # the pre-flight's walk, the only one
+    (key, source), = shared["listings"].items()
+    with one_listing(shared["listings"]):  # as trial_driver starts
+        assert open_source(key[0], key[1]) is source and len(calls) == 1
