@@ -32,7 +32,7 @@ HINT = {CLASSIFY: "give 'digits', an ImageFolder tree (ROOT/<class>/<image>), a 
                  "Parquet shards"}
 PREFLIGHT_SAMPLE = 8  # the first images of a training split that pre-flight decodes
 LISTED: dict[tuple, Source] | None = None  # inside ``one_listing``: (resolved config, img_size) -> its Source
-LISTING = threading.Lock()  # a background evaluation opens sources beside the training thread
+LISTING = threading.RLock()  # a background evaluation opens sources beside the training thread
 
 
 def formats(task: str) -> dict[str, ModuleType]:
