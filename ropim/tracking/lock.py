@@ -62,8 +62,7 @@ def acquire(storage_path: str, name: str) -> str:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            held = holder_at(pafs.LocalFileSystem(), str(path))
-            if held is not None and alive(held):
+            if held := live_holder(pafs.LocalFileSystem(), str(path)):
                 raise in_use(name, storage_path, held) from None
             path.unlink(missing_ok=True)  # stale: its owner is gone
             continue
@@ -84,34 +83,34 @@ def check_free(storage_path: str, name: str) -> None:
     """RunInUse when a live job holds run ``name``'s lock; only read (a job takes the lock as it opens the run), so
     that the pre-flight says so before any other trouble with the run."""
     fs, root = filesystem(storage_path)
-    held = holder_at(fs, f"{root}/{name}/{LOCK}")
-    if held is not None and alive(held):
+    if held := live_holder(fs, f"{root}/{name}/{LOCK}"):
         raise in_use(name, storage_path, held)
 
 
-def holder_at(fs: pafs.FileSystem, path: str) -> dict | None:
-    """The owner the lock file ``path`` on ``fs`` records; None when there is none, or it vanished or is half-written
-    (stale, as ``acquire`` judges a local one)."""
+def live_holder(fs: pafs.FileSystem, path: str) -> dict | None:
+    """The owner the lock file ``path`` on ``fs`` records while it may still run (``alive``); None when there is no
+    lock, or it vanished, is half-written or its owner is gone (stale)."""
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     try:
         with fs.open_input_stream(path) as f:
-            return json.loads(f.read().decode())
+            held = json.loads(f.read().decode())
     except (OSError, ValueError):
         return None
+    return held if alive(held) else None
 
 
 def acquire_remote(storage_path: str, name: str) -> str:
-    """The remote-storage lock: unless a live job holds it (``check_free``), write it, read it back, keep it only if
-    still ours."""
-    check_free(storage_path, name)
+    """The remote-storage lock: unless a live job holds it, write it, read it back, keep it only if still ours (one
+    filesystem for the three: opening an S3 one asks the bucket's region)."""
     fs, root = filesystem(storage_path)
     path, me = f"{root}/{name}/{LOCK}", owner()
+    if held := live_holder(fs, path):
+        raise in_use(name, storage_path, held)
     fs.create_dir(f"{root}/{name}", recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps(me).encode())
-    held = holder_at(fs, path)
-    if held != me:  # another job wrote it after us
+    if (held := live_holder(fs, path)) != me:  # another job wrote it after us
         raise in_use(name, storage_path, held) if held else RunInUse(
             f"run_name={name!r}: could not take its lock {storage_path}/{name}/{LOCK}; is another job starting it "
             "right now?")
