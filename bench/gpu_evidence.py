@@ -7,8 +7,10 @@ fine-tune), so the input never throttles the step. The model is the library's ow
 ``ropim.core.backbone.build_classifier``): ViT-T width, the paper's ``beit`` backbone, patch 4 (64 tokens), bf16
 autocast, fused AdamW. The run is sized from step times measured in its first seconds so that it ends inside
 ``--minutes``: each pretraining gets the same seconds of training steps (its step count = budget / its own step
-time), each fine-tune the same number of epochs (``--finetune-epochs``: fixed, so that seeds run on hosts of
-different speeds fine-tune alike; the fine-tune step of this small model is bound by the host's kernel launches).
+time), or with ``--pretrain-epochs`` the same epochs, and each fine-tune the same number of epochs
+(``--finetune-epochs``). Fixed epochs make seeds run on hosts of different speeds train alike: the steps of this small
+model are bound by the host's kernel launches, and in seconds the slowest host got 25 pretraining epochs, the
+fastest 45.
 
 Data: CIFAR-10 Parquet shards (``train-*.parquet``, columns ``image`` (encoded bytes) and ``label``; ``--data`` or
 ``ROPIM_BENCH_CIFAR``): the last shard is the held-out test set (never seen in pretraining or fine-tuning), the
@@ -338,21 +340,32 @@ def plan(args, data: dict, recipe: Recipe, sync, t_start: float) -> dict:
     if left <= 0:
         raise SystemExit(f"bench/gpu_evidence.py: --minutes {args.minutes} is spent before training starts "
                          f"(loading and measuring took {time.perf_counter() - t_start:.0f} s)")
+    return dict(split(args, data["x"].shape[0], recipe, step_s, left), step_s=step_s, seconds_left=left)
+
+
+def split(args, n: int, recipe: Recipe, step_s: dict, left: float) -> dict:
+    """``left`` seconds shared out: pretraining steps per method (equal seconds, or equal epochs with
+    ``--pretrain-epochs``) and the fine-tune epochs every method gets; SystemExit when the fixed lengths do not fit."""
     finetunes = len(PRETRAINED) + 2  # rop, mask, none with the recipe's layer decay, none without
-    epoch_s = data["x"].shape[0] // recipe.finetune_batch * step_s["finetune"]
-    if args.finetune_epochs:  # the fine-tune fixed, the pretrainings share what is left
-        epochs = args.finetune_epochs
-        finetune_s = finetunes * epochs * epoch_s
-        if finetune_s >= left:
-            raise SystemExit(f"bench/gpu_evidence.py: --finetune-epochs {epochs} needs {finetune_s:.0f} s of "
-                             f"fine-tuning and {left:.0f} s are left; give fewer epochs or more --minutes")
-        pretrain_s = (left - finetune_s) / len(PRETRAINED)
-    else:
-        pretrain_s = args.pretrain_share * left / len(PRETRAINED)
-        epochs = max(1, math.floor((1 - args.pretrain_share) * left / finetunes / epoch_s))
-    return dict(step_s=step_s, pretrain_s=pretrain_s, pretrain_steps={c: max(1, round(pretrain_s / step_s[c]))
-                                                                       for c in PRETRAINED},
-                finetune_epochs=epochs, seconds_left=left)
+    epoch_s = n // recipe.finetune_batch * step_s["finetune"]
+    if args.pretrain_epochs:  # the same steps for both: their step times differ by 1-2% on the GPUs measured
+        steps = dict.fromkeys(PRETRAINED, max(1, round(args.pretrain_epochs * n / recipe.pretrain_batch)))
+        pretrain_s = sum(steps[c] * step_s[c] for c in PRETRAINED)
+        epochs = args.finetune_epochs or math.floor((left - pretrain_s) / finetunes / epoch_s)
+    else:  # the same seconds for each: the slower step gets fewer steps
+        epochs = args.finetune_epochs or max(1, math.floor((1 - args.pretrain_share) * left / finetunes / epoch_s))
+        pretrain_s = left - finetunes * epochs * epoch_s if args.finetune_epochs else args.pretrain_share * left
+        steps = {c: max(1, round(pretrain_s / len(PRETRAINED) / step_s[c])) for c in PRETRAINED}
+    finetune_s = finetunes * max(epochs, 1) * epoch_s
+    if epochs < 1 or pretrain_s <= 0 or pretrain_s + finetune_s > left:
+        fixed = " and ".join(f"--{flag} {value}" for flag, value in (("pretrain-epochs", args.pretrain_epochs),
+                                                                         ("finetune-epochs", args.finetune_epochs))
+                             if value)
+        need = f"{pretrain_s:.0f} s of pretraining and " if pretrain_s > 0 else ""
+        raise SystemExit(f"bench/gpu_evidence.py: {fixed} need {need}{finetune_s:.0f} s of fine-tuning and "
+                         f"{left:.0f} s are left; give fewer epochs or more --minutes")
+    return dict(pretrain_s={c: steps[c] * step_s[c] for c in PRETRAINED}, pretrain_steps=steps,
+                pretrain_epochs={c: steps[c] * recipe.pretrain_batch / n for c in PRETRAINED}, finetune_epochs=epochs)
 
 
 def run_all(args, data: dict, recipe: Recipe, budget: dict, sync, save) -> list[dict]:
@@ -399,6 +412,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pretrain-share", type=float, default=0.55, help="share of the training time for pretraining")
     ap.add_argument("--finetune-epochs", type=int, help="fine-tune every method this many epochs and give the "
                     "pretrainings the rest of the time (default: --pretrain-share sets both)")
+    ap.add_argument("--pretrain-epochs", type=int, help="pretrain both methods this many epochs (the same steps) "
+                    "instead of the same seconds, so that seeds run on hosts of different speeds pretrain alike")
     ap.add_argument("--reserve", type=float, default=0.08, help="share of --minutes kept for building and evaluation")
     ap.add_argument("--depth", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
@@ -410,8 +425,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("give --data PATH (CIFAR-10 Parquet shards) or set ROPIM_BENCH_CIFAR, or run --tiny")
     if not 0 < args.pretrain_share < 1 or not 0 <= args.reserve < 1 or args.minutes <= 0 or args.depth < 1:
         ap.error("need 0 < --pretrain-share < 1, 0 <= --reserve < 1, --minutes > 0 and --depth >= 1")
-    if args.finetune_epochs is not None and args.finetune_epochs < 1:
-        ap.error(f"--finetune-epochs {args.finetune_epochs}: give 1 or more, or leave it out")
+    for flag, value in (("--finetune-epochs", args.finetune_epochs), ("--pretrain-epochs", args.pretrain_epochs)):
+        if value is not None and value <= 0:
+            ap.error(f"{flag} {value}: give more than 0, or leave it out")
     return args
 
 
@@ -433,8 +449,9 @@ def main(argv: list[str] | None = None) -> dict:
           flush=True)
     budget = plan(args, data, recipe, sync, t_start)
     print("measured s/step: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in budget["step_s"].items())
-          + f"; plan: {budget['pretrain_s']:.0f} s of pretraining per method, {budget['finetune_epochs']} "
-          f"fine-tune epochs", flush=True)
+          + "; plan: pretraining " + ", ".join(f"{c} {budget['pretrain_s'][c]:.0f} s "
+                                              f"({budget['pretrain_epochs'][c]:.1f} epochs)" for c in PRETRAINED)
+          + f", {budget['finetune_epochs']} fine-tune epochs", flush=True)
 
     def save(rows: list[dict]) -> dict:
         report = dict(benchmark="gpu_evidence", device=str(device), device_name=name, torch=torch.__version__,

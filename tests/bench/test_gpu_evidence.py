@@ -75,26 +75,39 @@ def plan(ev, monkeypatch):
     monkeypatch.setattr(ev.time, "perf_counter", lambda: 0.0)
     data = {"x": torch.zeros(1000, 3, 32, 32, dtype=torch.uint8)}
 
-    def run(finetune_epochs: int | None = None) -> dict:
+    def run(finetune_epochs: int | None = None, pretrain_epochs: int | None = None) -> dict:
         args = SimpleNamespace(seed=0, tiny=True, minutes=10, reserve=0.0, pretrain_share=0.5,
-                               finetune_epochs=finetune_epochs)
+                               finetune_epochs=finetune_epochs, pretrain_epochs=pretrain_epochs)
         return ev.plan(args, data, ev.Recipe(finetune_batch=100), lambda: None, 0.0)
     return run
 
 
 def test_plan_gives_each_pretraining_the_same_seconds(plan):
     budget = plan()
-    assert budget["pretrain_s"] == 150  # half of 600 s over two methods
+    assert budget["pretrain_s"] == {"rop": 150, "mask": 150}  # half of 600 s over two methods
     assert budget["pretrain_steps"] == {"rop": 750, "mask": 1500}  # the slower step gets fewer steps, same seconds
     assert budget["finetune_epochs"] == math.floor(300 / 4 / (10 * 0.05))  # four fine-tunes share the rest
 
 
 def test_fixed_finetune_epochs_leave_the_rest_to_the_pretrainings(plan):
     budget = plan(finetune_epochs=100)  # 4 fine-tunes x 100 epochs x 0.5 s = 200 s of the 600
-    assert budget["finetune_epochs"] == 100 and budget["pretrain_s"] == 200
+    assert budget["finetune_epochs"] == 100 and budget["pretrain_s"] == {"rop": 200, "mask": 200}
     assert budget["pretrain_steps"] == {"rop": 1000, "mask": 2000}
-    with pytest.raises(SystemExit, match="--finetune-epochs 300 needs 600 s of fine-tuning and 600 s are left"):
+    with pytest.raises(SystemExit, match="--finetune-epochs 300 need 600 s of fine-tuning and 600 s are left"):
         plan(finetune_epochs=300)
+
+
+def test_fixed_pretraining_epochs_give_both_methods_the_same_steps(plan):
+    budget = plan(pretrain_epochs=10)  # 1000 images / batch 1024 x 10 epochs = 10 steps: rop 2 s, mask 1 s
+    assert budget["pretrain_steps"] == {"rop": 10, "mask": 10} and budget["pretrain_epochs"]["rop"] == 10.24
+    assert budget["finetune_epochs"] == math.floor((600 - 3) / 4 / (10 * 0.05))  # the fine-tunes share the rest
+    budget = plan(pretrain_epochs=10, finetune_epochs=5)
+    assert budget["finetune_epochs"] == 5 and budget["pretrain_steps"] == {"rop": 10, "mask": 10}
+    with pytest.raises(SystemExit, match="--pretrain-epochs 3000 and --finetune-epochs 5 need 879 s of pretraining "
+                                         "and 10 s of fine-tuning and 600 s are left"):
+        plan(pretrain_epochs=3000, finetune_epochs=5)
+    with pytest.raises(SystemExit, match="--pretrain-epochs 3000 need 879 s of pretraining"):
+        plan(pretrain_epochs=3000)
 
 
 def test_one_slow_block_does_not_set_the_step_time(ev, monkeypatch):

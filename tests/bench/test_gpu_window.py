@@ -42,6 +42,7 @@ def test_tiny_window_on_an_image_without_ray_or_mlflow(tmp_path):
         assert 0 <= row["finetune"]["top1"] <= 100 and row["finetune"]["epochs"] == evidence["plan"]["finetune_epochs"]
     pretrained = [r["pretrain"] for r in evidence["rows"][:2]]
     assert all(p["steps"] >= 1 and math.isfinite(p["last_loss"]) for p in pretrained)
+    assert pretrained[0]["steps"] == pretrained[1]["steps"] == 256 // 32  # the window's fixed pretraining: 1 epoch
 
     smoke = json.loads((out / "preset_smoke.json").read_text())
     assert {r["job"] for r in smoke["rows"]} == {"pretrain", "finetune", "graft", "segment"}
