@@ -12,6 +12,7 @@ starts it again on the same port and store when epoch ``--up-at`` ends, and meas
 
     PYTHONPATH=. python bench/store_outage.py --epochs 10 --down-at 2 --up-at 6
     PYTHONPATH=. python bench/store_outage.py --epochs 4 --down-at 3 --up-at 0   # down to the job's end
+    PYTHONPATH=. python bench/store_outage.py --down-after 2 -- --max_steps_per_epoch 10  # down while epoch 3 trains
 
 With ``--up-at 0`` the server stays down to the job's end; it is then started again and the job's ``--resume``
 command run, as its last line says: what the first job ended with, and whether the second recorded and registered.
@@ -86,6 +87,7 @@ def rehearse(args: argparse.Namespace, extra: list[str]) -> dict:
         epoch = int(m.group(1))
         seen[epoch] = time.time()
         if mlflow_proc is not None and epoch == args.down_at:
+            time.sleep(args.down_after)  # 0: while epoch down_at's pictures and records are sent (a race with them)
             stop(mlflow_proc)
             mlflow_proc, t_down = None, time.time()
         elif mlflow_proc is None and epoch == args.up_at:
@@ -112,7 +114,8 @@ def rehearse(args: argparse.Namespace, extra: list[str]) -> dict:
     down = range(args.down_at + 1, args.up_at + 1)  # e-1's records (and pictures) met the server down
     up = sorted(s for e, s in between.items() if e not in down)
     return dict(
-        epochs=args.epochs, down_at=args.down_at, up_at=args.up_at, num_workers=args.num_workers,
+        epochs=args.epochs, down_at=args.down_at, down_after_s=args.down_after, up_at=args.up_at,
+        num_workers=args.num_workers,
         mlflow_retries=args.retries, exit_status=status, server_down_s=round(down_s, 1) if t_down else None,
         run_status=runs[0].info.status if runs else None, registered_versions=len(versions),
         epochs_recorded=sorted(set(history)), epochs_missing=sorted(set(range(1, args.epochs + 1)) - set(history)),
@@ -130,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--down-at", type=int, default=2, help="stop the server when this epoch's line is printed")
+    p.add_argument("--down-after", type=float, default=0.0,
+                   help="seconds after that line: give epochs longer than this (-- --max_steps_per_epoch N) so that "
+                        "the server stops while the next epoch trains")
     p.add_argument("--up-at", type=int, default=6, help="start it again when this epoch's line is printed")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--retries", type=int, default=2, help="MLFLOW_HTTP_REQUEST_MAX_RETRIES for the job")

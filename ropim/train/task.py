@@ -70,6 +70,7 @@ class Task(ABC):
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
         self.memory_shown = False  # the epoch line said what a worker needs in memory
         self.unsent: list[dict] = []  # rank 0: epoch records the tracking store has not taken yet (``record``)
+        self.asked: tuple[int, bool] = (0, True)  # rank 0: the last epoch end that asked the store, and its answer
 
     @classmethod
     def inputs(cls, cfg: JobConfig) -> tuple[dict, dict | None]:
@@ -114,34 +115,47 @@ class Task(ABC):
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
         """Rank 0, after each epoch: the progress line, pictures."""
 
+    def store_answers(self, epoch: int) -> bool:
+        """Rank 0: whether the tracking store answers at the end of epoch ``epoch``, asked once per epoch end (its
+        pictures and its records share the answer): one short request (``store.answers``), where a call to a
+        server that is down waits out MLflow's own retries (about 4 minutes with its defaults)."""
+        if self.asked[0] != epoch:
+            self.asked = (epoch, store.answers(self.tracking))
+        return self.asked[1]
+
     def record(self, epochs: list[dict], last: bool = False) -> None:
         """Rank 0: store the metrics of ``epochs`` in MLflow as each epoch ends, before its checkpoint uploads; an
         epoch trained again after a restart keeps its first record (``store.log_epochs``). A store that does not
-        take them (a server down past MLflow's own retries) does not stop training: they are kept in ``unsent``
-        (and in each checkpoint meanwhile) and sent with the first epoch's whose end finds the store answering
-        (``store.answers``: one short request, not MLflow's retries), one line when that starts and one when they
-        are sent; the job's ``last`` record raises instead, so that the run is not finished without them."""
+        answer (``store_answers``) or does not take them does not stop training: they are kept in ``unsent`` (and in
+        each checkpoint meanwhile) and sent with the first epoch's whose end finds the store answering, one line
+        when that starts and one when they are sent; the job's ``last`` record is sent whatever the answer and
+        raises, so that the run is not finished without them."""
         batch = [*self.unsent, *epochs]
         if not batch:
             return
-        if self.unsent and not last and not store.answers(self.tracking):  # still down: no retries waited out
-            self.unsent = batch
+        if not last and not self.store_answers(batch[-1]["epoch"]):
+            self.keep(batch, f"no answer from {self.tracking}")
             return
         try:
             store.log_epochs(self.run_id, batch, self.tracking)
         except store.TrackingError as err:  # a server down, a store locked past the retries
             if last:
                 raise
-            if not self.unsent:
-                log.warning(f"[{self.cfg.kind}] the tracking store did not take epoch {batch[-1]['epoch']}'s metrics "
-                            f"({first_line(err)}): training goes on, and they are sent with the next epoch's (each "
-                            "checkpoint holds them meanwhile)")
-            self.unsent = batch
+            self.keep(batch, first_line(err))
             return
         if self.unsent:
+            first, end = self.unsent[0]["epoch"], self.unsent[-1]["epoch"]
             log.info(f"[{self.cfg.kind}] the tracking store took the {len(self.unsent)} record(s) it had not, of "
-                     f"epochs {self.unsent[0]['epoch']}–{self.unsent[-1]['epoch']}")
+                     + (f"epoch {first}" if first == end else f"epochs {first}–{end}"))
         self.unsent = []
+
+    def keep(self, batch: list[dict], why: str) -> None:
+        """Rank 0: the records ``batch`` the store did not take, kept for the next epoch's end; said once."""
+        if not self.unsent:
+            log.warning(f"[{self.cfg.kind}] the tracking store did not take epoch {batch[-1]['epoch']}'s metrics "
+                        f"({why}): training goes on, and they are sent with the next epoch's (each checkpoint holds "
+                        "them meanwhile)")
+        self.unsent = batch
 
     def checkpoint_extra(self) -> dict:
         """JSON-able extras stored in the checkpoint's metrics.json (``extra``)."""

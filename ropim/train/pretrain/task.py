@@ -172,13 +172,18 @@ class PretrainTask(Task):
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"data wait {100 * metrics['data_wait_share']:.1f}%",
                        *percents(metrics, "knn_top1", "linear_top1"))
         due = self.viz_imgs is not None and (epoch % cfg.viz_every == 0 or epoch == cfg.epochs)
-        if due and (not self.pictures_refused or store.answers(self.tracking)):  # still down: no retries waited out
+        if not due:
+            return
+        why = None if self.store_answers(epoch) else f"no answer from {self.tracking}"  # down: no MLflow retries
+        if why is None:
             try:
                 log_pictures(self.run_id, self.tracking, model, self.viz_imgs, epoch, cfg.seed,
                              figure5=epoch == cfg.epochs)
                 self.pictures_refused = False
-            except store.TrackingError as err:  # a store that does not take them (a server down) does not stop training
-                if not self.pictures_refused:
-                    log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take "
-                                f"them ({first_line(err)}); training goes on (said once until it takes them again)")
-                self.pictures_refused = True
+                return
+            except store.TrackingError as err:  # a store that does not take them does not stop training
+                why = first_line(err)
+        if not self.pictures_refused:
+            log.warning(f"[pretrain] epoch {epoch}'s pictures not stored: the tracking store did not take them "
+                        f"({why}); training goes on (said once until it takes them again)")
+        self.pictures_refused = True
