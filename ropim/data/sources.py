@@ -110,7 +110,10 @@ def one_listing(listed: dict[tuple, Source] | None = None) -> Iterator[None]:
     see the same files, and a large folder is not walked again for each (files added meanwhile: the next job's).
     ``listed``: listings made elsewhere to start from (``listings()`` of the driver's block, handed to a worker)."""
     global LISTED
-    if LISTED is not None:  # an outer block holds the listings
+    if LISTED is not None:  # an outer block holds the listings: ``listed`` joins them where it lists more
+        with LISTING:
+            for key, source in (listed or {}).items():
+                LISTED.setdefault(key, source)
         yield
         return
     LISTED = dict(listed or {})

@@ -42,11 +42,18 @@ def test_one_listing_a_block_lists_once_and_the_next_sees_new_files(tmp_path, mo
         first = open_source(DataConfig(source="imgs"))
         with one_listing():  # a job's run inside its command's block: the outer block's listing
             assert open_source(DataConfig(source=str(tmp_path / "imgs"))) is first  # the same folder, absolute
-        assert open_source(DataConfig(source="imgs", val_fraction=0.5)) is not first  # another split: its own
+        half = open_source(DataConfig(source="imgs", val_fraction=0.5))
+        assert half is not first  # another split: its own
     assert len(listings) == 2
+    with one_listing():
+        outer = open_source(DataConfig(source="imgs"))
+        with one_listing({(DataConfig(source="imgs", val_fraction=0.5).resolved(), 32): half}):  # handed listings
+            assert open_source(DataConfig(source="imgs", val_fraction=0.5)) is half  # joined the outer block's
+            assert open_source(DataConfig(source="imgs")) is outer  # the outer block's kept
+    assert len(listings) == 3  # before: the handed listing ignored inside an outer block, the folder walked again
     Image.fromarray(pixels(7)).save(tmp_path / "imgs" / "a" / "new.png")
     again = open_source(DataConfig(source="imgs"))  # outside a block: listed again, the new file in it
-    assert len(listings) == 3
+    assert len(listings) == 4
     assert sum(len(again.split(s)) for s in ("train", "val")) == sum(len(first.split(s)) for s in ("train", "val")) + 1
 
 
