@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from record import provenance, write_json  # bench/, beside this file
@@ -61,6 +64,20 @@ def server(folder: Path, port: int) -> subprocess.Popen:
     raise RuntimeError("mlflow server did not start in 120 s")
 
 
+def stamped(stream: Iterable[str]) -> Iterator[tuple[float, str]]:
+    """``stream``'s lines with the time each was read, read on a thread of their own: the epoch gaps stay true while
+    the caller waits (``--down-after``) or stops and starts the server."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put((time.time(), line))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return iter(lines.get, None)
+
+
 def stop(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
@@ -79,13 +96,13 @@ def rehearse(args: argparse.Namespace, extra: list[str]) -> dict:
            "--run_name", "outage", "--registered_model", "outage-encoder", *extra]
     job = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, seen, t_down = [], {}, None
-    for line in job.stdout:
+    for t, line in stamped(job.stdout):
         lines.append(line.rstrip())
         m = EPOCH_LINE.match(line.strip())
         if not m:
             continue
         epoch = int(m.group(1))
-        seen[epoch] = time.time()
+        seen[epoch] = t
         if mlflow_proc is not None and epoch == args.down_at:
             time.sleep(args.down_after)  # 0: while epoch down_at's pictures and records are sent (a race with them)
             stop(mlflow_proc)
