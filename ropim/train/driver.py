@@ -28,11 +28,12 @@ from ropim.train.checkpoint import NoRoom
 from ropim.train.downstream import run_tags
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.failures import failure_reason
+from ropim.train.guard import input_error_met, write_input_error
 from ropim.train.inprocess import downloaded
 from ropim.train.job import JobConfig, dataset_name
 from ropim.train.jobs import JOBS, Prepared, prepare
 from ropim.train.loop import train
-from ropim.train.runtime import FitResult, WorkerFn, fit, ray_session, run_dir, worker_paths
+from ropim.train.runtime import FitResult, WorkerFn, fit, input_error, ray_session, run_dir, worker_paths
 from ropim.train.snapshot import remove_uncommitted
 from ropim.train.task import Worker
 
@@ -46,9 +47,16 @@ def worker_main(config: dict, worker: Worker) -> None:
         import ray
 
         listed = ray.get(listed)
+    if (met := input_error_met(config["run_dir"])) is not None:  # a restarted attempt: the same input fails again
+        raise met
     with one_listing(listed):
         task = JOBS[config["job"]].load("task")(config, worker)
-        train(task, task.cfg, worker)
+        try:
+            train(task, task.cfg, worker)
+        except Exception as err:
+            if (bad := input_error(err)) is not None:
+                write_input_error(config["run_dir"], bad)
+            raise
 
 
 @dataclass(frozen=True)

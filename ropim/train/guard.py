@@ -5,10 +5,15 @@ Without fp16 the first such step stops the run; under fp16 the grad scaler skips
 raises ``Diverged`` — one clear error naming the step, the loss and the likely cause — so the run ends FAILED, keeps
 its last good checkpoint and registers nothing. (Raising in the workers instead would make Ray Train restart them
 from the same checkpoint into the same divergence.)
+
+An input error a worker meets (a bad image under ``fail``, a shard cut short: the same input fails the same way
+every time) is recorded the same way, in ``input_error.json``: Ray Train restarts the workers (``max_failures``),
+and the restarted attempt stops at once on the record instead of training up to the same file again.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +24,7 @@ from ropim.errors import ConfigError
 from ropim.filesystems import filesystem
 
 STOP_FILE = "stopped.json"
+INPUT_ERROR_FILE = "input_error.json"
 
 
 class Diverged(ConfigError):
@@ -62,18 +68,46 @@ class StepGuard:
 
 def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:
     """Record why the run stopped, for its driver."""
-    fs, path = filesystem(f"{run_dir}/{STOP_FILE}")
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps({"message": message, "epoch": epoch, "step": step}).encode())
+    write_record(run_dir, STOP_FILE, {"message": message, "epoch": epoch, "step": step})
 
 
 def take_stop(run_dir: str) -> dict | None:
     """Why the run stopped (``write_stop``), removing the record; None when it did not stop."""
-    fs, path = filesystem(f"{run_dir}/{STOP_FILE}")
+    return read_record(run_dir, STOP_FILE, remove=True)
+
+
+def write_input_error(run_dir: str, err: ConfigError) -> None:
+    """Record the input error a worker met, for the attempts Ray Train restarts."""
+    kind = type(err)
+    write_record(run_dir, INPUT_ERROR_FILE, {"message": str(err), "type": f"{kind.__module__}:{kind.__name__}"})
+
+
+def input_error_met(run_dir: str, remove: bool = False) -> ConfigError | None:
+    """The input error an earlier attempt of this job met (``write_input_error``), as that attempt raised it (a
+    ``ConfigError`` of ropim's), or None; ``remove``: clear the record (the driver, as a job starts and ends)."""
+    record = read_record(run_dir, INPUT_ERROR_FILE, remove)
+    if record is None:
+        return None
+    module, _, name = record.get("type", "").partition(":")
+    kind = getattr(importlib.import_module(module), name, None) if module.startswith("ropim.") else None
+    return (kind if isinstance(kind, type) and issubclass(kind, ConfigError) else ConfigError)(record["message"])
+
+
+def write_record(run_dir: str, name: str, record: dict) -> None:
+    """``record`` as JSON in file ``name`` of the run's folder (a local path or a URI)."""
+    fs, path = filesystem(f"{run_dir}/{name}")
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(record).encode())
+
+
+def read_record(run_dir: str, name: str, remove: bool) -> dict | None:
+    """The record in file ``name`` of the run's folder (removed when ``remove``); None when there is none."""
+    fs, path = filesystem(f"{run_dir}/{name}")
     if fs.get_file_info(path).type.name == "NotFound":
         return None
     with fs.open_input_stream(path) as f:
-        stop = json.loads(f.read().decode())
-    fs.delete_file(path)
-    return stop
+        record = json.loads(f.read().decode())
+    if remove:
+        fs.delete_file(path)
+    return record

@@ -23,7 +23,7 @@ from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
 from ropim.train.checkpoint import NoRoom, full
 from ropim.train.encoder_job import EncoderJob
-from ropim.train.guard import Diverged, take_stop
+from ropim.train.guard import Diverged, input_error_met, take_stop
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
@@ -224,9 +224,13 @@ def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> Fi
     """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0; raise ``Diverged`` when
     the loop stopped on a non-finite loss (``ropim.train.guard``)."""
     folder = loop_config["run_dir"]
-    take_stop(folder)  # a stop recorded by an earlier job of this run is history
+    take_stop(folder)  # a stop or an input error recorded by an earlier job of this run is history
+    input_error_met(folder, remove=True)
     tidy(folder, ray=job.num_workers > 0)  # Ray Train's list of the run's checkpoints made true
-    result = run_fit(fn, loop_config, job, **trainer_kwargs)
+    try:
+        result = run_fit(fn, loop_config, job, **trainer_kwargs)
+    finally:
+        input_error_met(folder, remove=True)
     stop = take_stop(folder)
     if stop is not None:
         raise Diverged(stop["message"])
@@ -258,7 +262,7 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
             bad = input_error(err) or worker_cause(err, lambda e: isinstance(e, TrackingError))
             if bad is None:
                 raise
-            raise bad from None  # one line, not a worker traceback: a bad file stops every restart the same way;
+            raise bad from None  # one line, not a worker traceback (a restart stops at once: guard.input_error_met);
             # a store that did not take the last records: the driver says what the run kept
     return FitResult(dict(result.metrics or {}), result.checkpoint)
 

@@ -181,7 +181,7 @@ def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdi
     (workdir / "bytes").mkdir()
     pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
                              "path": [f"img{i}.png" for i in range(40)]}), workdir / "bytes" / "train-00000.parquet")
-    cfg = tiny_pretrain(run_name="undecodable", num_workers=2, epochs=1, max_steps_per_epoch=None, max_failures=0,
+    cfg = tiny_pretrain(run_name="undecodable", num_workers=2, epochs=1, max_steps_per_epoch=None, max_failures=1,
                         global_batch_size=8, data=DataConfig(source="bytes", on_bad_image="fail", val_fraction=0.01))
     with pytest.raises(BadImageError) as raised:
         run(cfg)
@@ -193,3 +193,4 @@ def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdi
     failed = next(r for r in c.search_runs([c.get_experiment_by_name("ropim-pretrain").experiment_id])
                   if r.info.run_name == "undecodable")
     assert failed.info.status == "FAILED" and not c.search_model_versions(f"run_id='{failed.info.run_id}'")
+    assert not list(workdir.rglob("input_error.json"))  # the restarted attempt stopped on it; the driver cleared it
