@@ -36,6 +36,11 @@ def full(err: BaseException) -> bool:
     return getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
 
 
+def no_room(err: BaseException) -> bool:
+    """Whether ``err`` is the write that found its device full itself (its ``errno``), not an error wrapping it."""
+    return getattr(err, "errno", None) == errno.ENOSPC
+
+
 def size_text(n: float) -> str:
     """Bytes as people read them: ``3.4 GB``, ``31 MB``, ``420 kB``."""
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"

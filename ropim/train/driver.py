@@ -24,7 +24,7 @@ from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.signals import STOP
-from ropim.train.checkpoint import NoRoom
+from ropim.train.checkpoint import NoRoom, no_room
 from ropim.train.downstream import run_tags
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.failures import failure_reason
@@ -33,7 +33,7 @@ from ropim.train.inprocess import downloaded
 from ropim.train.job import JobConfig, dataset_name
 from ropim.train.jobs import JOBS, Prepared, prepare
 from ropim.train.loop import train
-from ropim.train.runtime import FitResult, WorkerFn, fit, input_error, ray_session, run_dir, worker_paths
+from ropim.train.runtime import FitResult, WorkerFn, fit, input_error, ray_session, run_dir, worker_cause, worker_paths
 from ropim.train.snapshot import remove_uncommitted
 from ropim.train.task import Worker
 
@@ -126,11 +126,12 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
         raise JobFailed(unrecorded(p, "its last epochs' records", err,
                                    " (the latest holds the records the store did not take)")) from None
     except NoRoom as err:
-        store.set_tags(mlflow_run.run_id, {"ropim.failure": str(err)}, p.tracking)
-        cleaned = f" ({removed})" if (removed := removed_uploads(cfg)) else ""
-        raise NoRoom(f"run {cfg.run_name}: {err}; its complete checkpoints are kept in {folder}{cleaned}: then "
-                     f"continue with `{p.resume_hint}`") from None
+        raise out_of_room(p, mlflow_run, err) from None
     except Exception as err:
+        if (disk := worker_cause(err, no_room)) is not None:  # Ray's own write (its controller's state, async uploads)
+            raise out_of_room(p, mlflow_run, NoRoom(f"a disk the run writes to is full ({first_line(disk)}): free "
+                                                    "space in its storage_path or the temporary folder, lower "
+                                                    "--keep_checkpoints or give another --storage_path")) from None
         why = failure_reason(err)
         store.set_tags(mlflow_run.run_id, {"ropim.failure": why}, p.tracking)
         if type(err).__module__.split(".")[0] != "ray" or hasattr(err, "worker_failures"):
@@ -144,6 +145,15 @@ def unrecorded(p: Prepared, what: str, err: BaseException, held: str = "") -> st
     return (f"run {p.cfg.run_name}: the tracking store {p.tracking} did not take {what} ({first_line(err)}); nothing "
             f"registered, the run's complete checkpoints kept{held}; once the store answers, continue with "
             f"`{p.resume_hint}`")
+
+
+def out_of_room(p: Prepared, mlflow_run: Run, err: NoRoom) -> NoRoom:
+    """The line of a run stopped for want of disk room (tagged on the run): where, what it kept, how to continue."""
+    cfg = p.cfg
+    store.set_tags(mlflow_run.run_id, {"ropim.failure": str(err)}, p.tracking)
+    cleaned = f" ({removed})" if (removed := removed_uploads(cfg)) else ""
+    return NoRoom(f"run {cfg.run_name}: {err}; its complete checkpoints are kept in {run_dir(cfg)}{cleaned}: then "
+                  f"continue with `{p.resume_hint}`")
 
 
 def removed_uploads(cfg: JobConfig) -> str:

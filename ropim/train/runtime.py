@@ -279,7 +279,7 @@ def worker_cause(err: BaseException, wanted: Callable[[BaseException], bool]) ->
         if wanted(e):
             return e
         inner = [e.__cause__, e.__context__, getattr(e, "cause", None), *getattr(e, "args", ()),
-                 *getattr(e, "worker_failures", {}).values()]
+                 getattr(e, "controller_failure", None), *getattr(e, "worker_failures", {}).values()]
         todo += [x for x in inner if isinstance(x, BaseException)]
     return None
 

@@ -84,3 +84,31 @@ def test_the_first_checkpoint_says_when_the_disk_lacks_room_for_the_run(workdir,
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(1, 1, 3 * sizes[-1]))
     run(tiny_pretrain(run_name="roomy", num_workers=0, epochs=1, max_steps_per_epoch=1))
     assert not [r for r in caplog.records if "B free: " in r.getMessage()]
+
+
+class ControllerError(Exception):
+    """As Ray Train's: its controller's own failure, wrapped (``controller_failure``)."""
+
+    __module__ = "ray.train.v2.api.exceptions"
+
+    def __init__(self, inner: BaseException) -> None:
+        super().__init__(f"Training failed due to controller error:\n{inner}")
+        self.controller_failure = inner
+
+
+def test_ray_trains_controller_writing_to_a_full_storage_path_is_the_no_room_line(workdir, monkeypatch):
+    """With ``--async_checkpoint true`` the disk fills while Ray uploads: Ray Train's controller then fails writing
+    the run's state (seen on a 40 MB tmpfs). Before, the line said the controller failed and to continue, as after a
+    memory kill: continuing without freeing space fails the same way."""
+    from ropim.train import driver
+
+    detail = OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+    monkeypatch.setattr(driver, "fit", lambda *a, **k: (_ for _ in ()).throw(ControllerError(detail)))
+    cfg = tiny_pretrain(run_name="controller-full", num_workers=0, epochs=1, max_steps_per_epoch=1)
+    with pytest.raises(NoRoom) as err:
+        driver.run(cfg)
+    assert str(err.value) == (
+        "run controller-full: a disk the run writes to is full ([Errno 28] Error writing bytes to file. Detail: "
+        "[errno 28] No space left on device): free space in its storage_path or the temporary folder, lower "
+        "--keep_checkpoints or give another --storage_path; its complete checkpoints are kept in "
+        f"{workdir}/ray_results/controller-full: then continue with `ropim pretrain --resume controller-full`")
