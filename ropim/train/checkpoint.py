@@ -33,10 +33,10 @@ class NoRoom(ConfigError):
 
 def full(err: BaseException) -> bool:
     """Whether ``err`` is a write that found its device full (Python's or pyarrow's "No space left on device")."""
-    return getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
+    return enospc(err) or "No space left on device" in str(err)
 
 
-def no_room(err: BaseException) -> bool:
+def enospc(err: BaseException) -> bool:
     """Whether ``err`` is the write that found its device full itself (its ``errno``), not an error wrapping it."""
     return getattr(err, "errno", None) == errno.ENOSPC
 

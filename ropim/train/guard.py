@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
 import torch
 
 from ropim.errors import ConfigError
@@ -71,9 +72,12 @@ def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:
     write_record(run_dir, STOP_FILE, {"message": message, "epoch": epoch, "step": step})
 
 
-def take_stop(run_dir: str) -> dict | None:
-    """Why the run stopped (``write_stop``), removing the record; None when it did not stop."""
-    return read_record(run_dir, STOP_FILE, remove=True)
+def take_records(run_dir: str) -> dict | None:
+    """Clear the run's records, a stop and an input error (an earlier job's are history as a job starts, and its own
+    once it ends), with one filesystem (opening an S3 one asks the bucket's region); the stop's, None without one."""
+    fs, root = filesystem(run_dir)
+    read_record(fs, f"{root}/{INPUT_ERROR_FILE}", remove=True)
+    return read_record(fs, f"{root}/{STOP_FILE}", remove=True)
 
 
 def write_input_error(run_dir: str, err: ConfigError) -> None:
@@ -82,10 +86,10 @@ def write_input_error(run_dir: str, err: ConfigError) -> None:
     write_record(run_dir, INPUT_ERROR_FILE, {"message": str(err), "type": f"{kind.__module__}:{kind.__name__}"})
 
 
-def input_error_met(run_dir: str, remove: bool = False) -> ConfigError | None:
+def input_error_met(run_dir: str) -> ConfigError | None:
     """The input error an earlier attempt of this job met (``write_input_error``), as that attempt raised it (a
-    ``ConfigError`` of ropim's), or None; ``remove``: clear the record (the driver, as a job starts and ends)."""
-    record = read_record(run_dir, INPUT_ERROR_FILE, remove)
+    ``ConfigError`` of ropim's), or None."""
+    record = read_record(*filesystem(f"{run_dir}/{INPUT_ERROR_FILE}"))
     if record is None:
         return None
     module, _, name = record.get("type", "").partition(":")
@@ -101,9 +105,8 @@ def write_record(run_dir: str, name: str, record: dict) -> None:
         f.write(json.dumps(record).encode())
 
 
-def read_record(run_dir: str, name: str, remove: bool) -> dict | None:
-    """The record in file ``name`` of the run's folder (removed when ``remove``); None when there is none."""
-    fs, path = filesystem(f"{run_dir}/{name}")
+def read_record(fs: pafs.FileSystem, path: str, remove: bool = False) -> dict | None:
+    """The record in file ``path`` on ``fs`` (removed when ``remove``); None when there is none."""
     if fs.get_file_info(path).type.name == "NotFound":
         return None
     with fs.open_input_stream(path) as f:

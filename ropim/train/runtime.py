@@ -23,7 +23,7 @@ from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
 from ropim.train.checkpoint import NoRoom, full
 from ropim.train.encoder_job import EncoderJob
-from ropim.train.guard import Diverged, input_error_met, take_stop
+from ropim.train.guard import Diverged, take_records
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
@@ -224,14 +224,12 @@ def fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -> Fi
     """Run ``fn`` on ``job.num_workers`` Ray Train workers, or in this process when it is 0; raise ``Diverged`` when
     the loop stopped on a non-finite loss (``ropim.train.guard``)."""
     folder = loop_config["run_dir"]
-    take_stop(folder)  # a stop or an input error recorded by an earlier job of this run is history
-    input_error_met(folder, remove=True)
+    take_records(folder)  # a stop or an input error recorded by an earlier job of this run is history
     tidy(folder, ray=job.num_workers > 0)  # Ray Train's list of the run's checkpoints made true
     try:
         result = run_fit(fn, loop_config, job, **trainer_kwargs)
     finally:
-        input_error_met(folder, remove=True)
-    stop = take_stop(folder)
+        stop = take_records(folder)
     if stop is not None:
         raise Diverged(stop["message"])
     return result

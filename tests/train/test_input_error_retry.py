@@ -12,7 +12,7 @@ from ropim.data.decode import BadImageError
 from ropim.errors import ConfigError
 from ropim.train import driver
 from ropim.train.checkpoint import NoRoom
-from ropim.train.guard import input_error_met, write_input_error
+from ropim.train.guard import input_error_met, take_records, write_input_error
 
 
 @pytest.fixture
@@ -40,7 +40,8 @@ def test_a_restarted_attempt_stops_on_the_input_error_the_first_met(attempts):
         with pytest.raises(BadImageError, match=r"^img3\.png: cannot decode image \(cut short\); set data"):
             driver.worker_main(attempts["config"], worker=None)
     assert attempts["trained"] == 1 and attempts["tasks"] == 1  # before: 3 trainings, each up to the same image
-    met = input_error_met(attempts["config"]["run_dir"], remove=True)  # what the driver clears as a job ends
+    met = input_error_met(attempts["config"]["run_dir"])
+    take_records(attempts["config"]["run_dir"])  # what the driver clears as a job ends
     assert type(met) is BadImageError and input_error_met(attempts["config"]["run_dir"]) is None
 
 
