@@ -5,7 +5,8 @@ replaced, so every other line (and every warning and error about the job) passes
 ``quiet_console()`` (the entry points call it, before Ray or MLflow is imported):
 
 - Ray: no per-worker ``(RayTrainWorker pid=…)`` prefix; its loggers at WARNING; the records it logs about its own
-  machinery (``QUIET_RECORDS``, each with the traceback it carries), the warnings it raises about its own code
+  machinery (``QUIET_RECORDS``, each with the traceback it carries), the traceback of a worker's bad input said in
+  one line (``INPUT_ERROR_RECORDS``: the driver ends with that line), the warnings it raises about its own code
   (``QUIET_WARNINGS``) and the uncaught exceptions of its helper threads (``QUIET_THREADS``) are dropped in this
   process and, through the job's ``worker_process_setup_hook``, in every Ray worker process of the job (Train's
   controller and Ray Data's split coordinator run there); the C++ lines its workers and raylets print
@@ -22,8 +23,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 import warnings
+from collections.abc import Callable
+
+from ropim.errors import said_in_one_line
 
 # {logger: start of the message}: warnings about Ray's own machinery, not the user's job (each seen in `make demo`)
 QUIET_RECORDS = {
@@ -40,6 +45,10 @@ QUIET_RECORDS = {
     # Ray Data, once per epoch of a ray_data ingest (a failed execution's line stays)
     "ray.data._internal.execution.streaming_executor": "✔️  Dataset ",
 }
+# {logger: start of the message}: Ray Train's worker logs the traceback of whatever the job's function raised; for
+# bad input said in one line (``ropim.errors.said_in_one_line``: an image that does not decode, a shard cut short)
+# the driver ends with that line, so the traceback (a restarted attempt's again) is dropped; any other error keeps it
+INPUT_ERROR_RECORDS = {"ray.train.v2._internal.util": "Error in training function:"}
 # {category: start of the message}: Python warnings Ray raises about its own code (Train V2 sets the option)
 QUIET_WARNINGS = {DeprecationWarning: "`ExecutionOptions.exclude_resources` is deprecated"}
 # Train V2's cleaner thread: it cannot pick a Ray instance when several run on one machine (it asks the state API
@@ -54,14 +63,18 @@ SKIPPED_LINES = (r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatche
 
 
 class DropRecords(logging.Filter):
-    """Drops the records whose message starts with ``start`` (a record's traceback goes with it)."""
+    """Drops the records whose message starts with ``start`` (a record's traceback goes with it); with ``handling``,
+    only those logged while handling an exception it accepts (the record logged inside an ``except``)."""
 
-    def __init__(self, start: str) -> None:
+    def __init__(self, start: str, handling: Callable[[BaseException | None], bool] | None = None) -> None:
         super().__init__()
         self.start = start
+        self.handling = handling
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.start)
+        if not record.getMessage().startswith(self.start):
+            return True
+        return self.handling is not None and not self.handling(sys.exc_info()[1])
 
 
 class QuietThreads:
@@ -81,10 +94,11 @@ def quiet_ray_internals() -> None:
     or a Ray worker process (the job's ``worker_process_setup_hook``, see ``job_runtime_env``)."""
     for category, start in QUIET_WARNINGS.items():
         warnings.filterwarnings("ignore", message=re.escape(start), category=category)
-    for name, start in QUIET_RECORDS.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, DropRecords) for f in logger.filters):
-            logger.addFilter(DropRecords(start))
+    for records, handling in ((QUIET_RECORDS, None), (INPUT_ERROR_RECORDS, said_in_one_line)):
+        for name, start in records.items():
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, DropRecords) for f in logger.filters):
+                logger.addFilter(DropRecords(start, handling))
     if not isinstance(threading.excepthook, QuietThreads):
         threading.excepthook = QuietThreads(threading.excepthook)
 

@@ -11,6 +11,12 @@ class JobFailed(RuntimeError):
     memory); the message says why, what the run kept and how to continue it, in one line."""
 
 
+def said_in_one_line(err: BaseException | None) -> bool:
+    """Whether ``err`` is bad input said in one line (a ``ConfigError`` whose message names the input and the fix):
+    what a command ends with, without a traceback."""
+    return isinstance(err, ConfigError) and bool(str(err).strip()) and "\n" not in str(err).strip()
+
+
 def first_line(err: BaseException, limit: int = 300) -> str:
     """An error's first line (its type's name when it has no message), at most ``limit`` characters: how a message
     quotes an error it goes on from."""

@@ -20,6 +20,7 @@ import pytest
 from mlflow.utils.logging_utils import eprint
 
 from ropim import console
+from ropim.errors import ConfigError
 from ropim.tracking.registry import registry_lines_muted
 
 TIMEOUT_LOGGER = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
@@ -45,7 +46,7 @@ def quiet(monkeypatch):
     """``quiet_console()`` in this process, undone afterwards (environment, levels, filters, thread hook)."""
     for name in SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    names = [*console.QUIET_RECORDS, "ray", "alembic", "ropim"]
+    names = [*console.QUIET_RECORDS, *console.INPUT_ERROR_RECORDS, "ray", "alembic", "ropim"]
     saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters), list(logging.getLogger(n).handlers))
              for n in names}
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
@@ -108,6 +109,29 @@ def test_line_after_warning_without_traceback_is_kept(quiet) -> None:
     assert shown == "[pretrain] epoch 2/2\n"
 
 
+def test_a_workers_traceback_is_dropped_for_bad_input_said_in_one_line_only(quiet) -> None:
+    from ropim.data.decode import BadImageError
+
+    (name, start), = console.INPUT_ERROR_RECORDS.items()
+    out = io.StringIO()
+    logger = logging.getLogger(name)
+    logger.addHandler(handler := logging.StreamHandler(out))
+    try:
+        for err in (BadImageError("img7.png: cannot decode image; set data.on_bad_image=skip"),
+                    RuntimeError("CUDA error: an illegal memory access was encountered"),
+                    ConfigError("two lines:\nnot said in one")):
+            try:
+                raise err
+            except Exception:  # as Ray Train's worker logs what the job's function raised
+                logger.error(f"{start}\nTraceback (most recent call last):\n  …\n{type(err).__name__}: {err}")
+        logger.error(f"{start} logged outside an except")
+    finally:
+        logger.removeHandler(handler)
+    shown = out.getvalue()
+    assert "BadImageError" not in shown and "RuntimeError: CUDA error" in shown and "not said in one" in shown
+    assert shown.count(start) == 3
+
+
 def test_cleaner_thread_traceback_dropped(quiet, monkeypatch) -> None:
     seen = []  # the threads whose uncaught exception reaches the hook in place before (Python's prints it)
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.thread.name))
@@ -147,7 +171,7 @@ def test_the_filtered_records_still_exist_in_the_installed_ray() -> None:
     # a Ray upgrade that moves or rewords one of them fails here instead of letting it through unnoticed
     from ray.data.context import OK_PREFIX
 
-    for name, start in console.QUIET_RECORDS.items():
+    for name, start in {**console.QUIET_RECORDS, **console.INPUT_ERROR_RECORDS}.items():
         source = Path(importlib.util.find_spec(name).origin).read_text().replace("{OK_PREFIX}", OK_PREFIX)
         assert start[:30] in source, name
     for start in console.QUIET_WARNINGS.values():

@@ -161,8 +161,8 @@ def test_a_checkpoint_that_cannot_be_loaded_falls_back_to_the_previous_one(workd
         run(gone)  # none left that loads: one clear error, nothing trained
 
 
-@pytest.mark.faults  # a bad image stops the Ray workers
-def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdir, ray_session):
+def undecodable_shard(folder: Path) -> None:
+    """``folder``/train-00000.parquet: 40 random 32² PNGs with two labels; every 4th is not an image."""
     import io
 
     import numpy as np
@@ -177,10 +177,15 @@ def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdi
         Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
         return buf.getvalue()
 
-    images = [png() if i % 4 else b"\x89PNG\r\n\x1a\n cut" for i in range(40)]  # every 4th is not an image
-    (workdir / "bytes").mkdir()
+    images = [png() if i % 4 else b"\x89PNG\r\n\x1a\n cut" for i in range(40)]
+    folder.mkdir()
     pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
-                             "path": [f"img{i}.png" for i in range(40)]}), workdir / "bytes" / "train-00000.parquet")
+                             "path": [f"img{i}.png" for i in range(40)]}), folder / "train-00000.parquet")
+
+
+@pytest.mark.faults  # a bad image stops the Ray workers
+def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdir, ray_session):
+    undecodable_shard(workdir / "bytes")
     cfg = tiny_pretrain(run_name="undecodable", num_workers=2, epochs=1, max_steps_per_epoch=None, max_failures=1,
                         global_batch_size=8, data=DataConfig(source="bytes", on_bad_image="fail", val_fraction=0.01))
     with pytest.raises(BadImageError) as raised:
@@ -194,3 +199,17 @@ def test_an_undecodable_image_under_fail_is_one_line_from_the_ray_workers(workdi
                   if r.info.run_name == "undecodable")
     assert failed.info.status == "FAILED" and not c.search_model_versions(f"run_id='{failed.info.run_id}'")
     assert not list(workdir.rglob("input_error.json"))  # the restarted attempt stopped on it; the driver cleared it
+
+
+@pytest.mark.faults  # a bad image stops the Ray workers of a job that joins the session
+def test_the_terminal_shows_the_bad_image_once_in_one_line_without_a_traceback(workdir, ray_session):
+    # before: each worker's traceback (70 lines, then the restarted attempt's) came before the job's last line
+    undecodable_shard(workdir / "cut")
+    job = run_cli("pretrain", "--preset", "digits_demo", "--data.source", "cut", "--data.on_bad_image", "fail",
+                  "--data.val_fraction", "0.01", "--model.depth", "1", "--global_batch_size", "8", "--epochs", "1",
+                  "--num_workers", "2", "--max_failures", "1", "--viz_every", "0", "--run_name", "terminal",
+                  cwd=workdir, env={"RAY_ADDRESS": ray_session})
+    shown = job.stdout + job.stderr
+    assert job.returncode == 1 and "Traceback" not in shown and "Error in training function" not in shown, shown
+    assert re.fullmatch(r"ropim pretrain: img\d+\.png: cannot decode image .*data\.on_bad_image=skip.*",
+                        shown.strip().splitlines()[-1]), shown
