@@ -6,7 +6,8 @@ replaced, so every other line (and every warning and error about the job) passes
 
 - Ray: no per-worker ``(RayTrainWorker pid=…)`` prefix; its loggers at WARNING; the records it logs about its own
   machinery (``QUIET_RECORDS``, each with the traceback it carries), the traceback of a worker's bad input said in
-  one line (``INPUT_ERROR_RECORDS``: the driver ends with that line), the warnings it raises about its own code
+  one line (``INPUT_ERROR_RECORDS``: the driver ends with that line; Tune's record of a failed trial shows only that
+  line, ``ONE_LINE_RECORDS``), the warnings it raises about its own code
   (``QUIET_WARNINGS``) and the uncaught exceptions of its helper threads (``QUIET_THREADS``) are dropped in this
   process and, through the job's ``worker_process_setup_hook``, in every Ray worker process of the job (Train's
   controller and Ray Data's split coordinator run there); the C++ lines its workers and raylets print
@@ -49,6 +50,9 @@ QUIET_RECORDS = {
 # bad input said in one line (``ropim.errors.said_in_one_line``: an image that does not decode, a shard cut short)
 # the driver ends with that line, so the traceback (a restarted attempt's again) is dropped; any other error keeps it
 INPUT_ERROR_RECORDS = {"ray.train.v2._internal.util": "Error in training function:"}
+# {logger: start of the message}: Tune logs a failed trial's error with its traceback (Ray's task error around the
+# trial's); for bad input said in one line it shows that line instead
+ONE_LINE_RECORDS = {"ray.tune.execution.tune_controller": "Trial task failed for trial"}
 # {category: start of the message}: Python warnings Ray raises about its own code (Train V2 sets the option)
 QUIET_WARNINGS = {DeprecationWarning: "`ExecutionOptions.exclude_resources` is deprecated"}
 # Train V2's cleaner thread: it cannot pick a Ray instance when several run on one machine (it asks the state API
@@ -77,6 +81,27 @@ class DropRecords(logging.Filter):
         return self.handling is not None and not self.handling(sys.exc_info()[1])
 
 
+def raised(err: BaseException | None) -> BaseException | None:
+    """The exception a Ray task raised, taken out of Ray's task error around it (``err`` itself otherwise)."""
+    return getattr(err, "cause", None) or err
+
+
+class OneLine(logging.Filter):
+    """Shows a record whose message starts with ``start`` and that carries bad input said in one line (its
+    ``exc_info``, or a Ray task error around it) as its message and that line, without the traceback."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = raised(record.exc_info[1]) if record.exc_info else None
+        if record.getMessage().startswith(self.start) and said_in_one_line(err):
+            record.msg, record.args = f"{record.getMessage()}: {str(err).strip()}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
 class QuietThreads:
     """A ``threading.excepthook`` that drops the uncaught exceptions of ``QUIET_THREADS`` and hands every other one to
     the hook it replaced."""
@@ -99,6 +124,10 @@ def quiet_ray_internals() -> None:
             logger = logging.getLogger(name)
             if not any(isinstance(f, DropRecords) for f in logger.filters):
                 logger.addFilter(DropRecords(start, handling))
+    for name, start in ONE_LINE_RECORDS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLine) for f in logger.filters):
+            logger.addFilter(OneLine(start))
     if not isinstance(threading.excepthook, QuietThreads):
         threading.excepthook = QuietThreads(threading.excepthook)
 

@@ -6,6 +6,11 @@ class ConfigError(ValueError):
     """A config value, path or URI the user gave cannot work; raised before expensive work starts."""
 
 
+class DataError(ConfigError):
+    """The data or the storage a job reads or writes is bad for every job that uses it (an image that does not decode,
+    a shard cut short, a full disk), not for this job's settings alone: a sweep stops at the first a trial meets."""
+
+
 class JobFailed(RuntimeError):
     """A run ended FAILED for a reason outside the job's code and input (Ray Train's controller lost, a node out of
     memory); the message says why, what the run kept and how to continue it, in one line."""

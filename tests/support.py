@@ -233,3 +233,25 @@ def bench_module(name: str):
     finally:
         sys.path.remove(str(bench))
         sys.modules.pop(name, None)
+
+
+def undecodable_shard(folder: Path, bad: bool = True) -> None:
+    """``folder``/train-00000.parquet: 40 random 32² PNGs with two labels; every 4th is not an image (``bad``)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    images = [png() if i % 4 or not bad else b"\x89PNG\r\n\x1a\n cut" for i in range(40)]
+    folder.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
+                             "path": [f"img{i}.png" for i in range(40)]}), folder / "train-00000.parquet")

@@ -46,7 +46,8 @@ def quiet(monkeypatch):
     """``quiet_console()`` in this process, undone afterwards (environment, levels, filters, thread hook)."""
     for name in SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    names = [*console.QUIET_RECORDS, *console.INPUT_ERROR_RECORDS, "ray", "alembic", "ropim"]
+    names = [*console.QUIET_RECORDS, *console.INPUT_ERROR_RECORDS, *console.ONE_LINE_RECORDS, "ray", "alembic",
+             "ropim"]
     saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters), list(logging.getLogger(n).handlers))
              for n in names}
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
@@ -132,6 +133,28 @@ def test_a_workers_traceback_is_dropped_for_bad_input_said_in_one_line_only(quie
     assert shown.count(start) == 3
 
 
+def test_tunes_record_of_a_failed_trial_shows_bad_input_in_one_line_and_keeps_other_tracebacks(quiet) -> None:
+    from ray.exceptions import RayTaskError
+
+    from ropim.train.guard import Diverged
+
+    (name, start), = console.ONE_LINE_RECORDS.items()
+    out = io.StringIO()
+    logger = logging.getLogger(name)
+    logger.addHandler(handler := logging.StreamHandler(out))
+    try:
+        for cause in (Diverged("loss is nan at step 12; lower base_lr"), RuntimeError("CUDA error: illegal access")):
+            try:
+                raise RayTaskError("train", "Traceback (most recent call last): …", cause)
+            except RayTaskError as err:  # as Tune logs a trial's failure: the error as the record's exc_info
+                logger.error(f"{start} trial_driver_1", exc_info=err)
+    finally:
+        logger.removeHandler(handler)
+    one, crash = out.getvalue().split(f"{start} trial_driver_1", 2)[1:]
+    assert one == ": loss is nan at step 12; lower base_lr\n"
+    assert crash.startswith("\nTraceback (most recent call last):") and "RayTaskError" in crash
+
+
 def test_cleaner_thread_traceback_dropped(quiet, monkeypatch) -> None:
     seen = []  # the threads whose uncaught exception reaches the hook in place before (Python's prints it)
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.thread.name))
@@ -171,7 +194,7 @@ def test_the_filtered_records_still_exist_in_the_installed_ray() -> None:
     # a Ray upgrade that moves or rewords one of them fails here instead of letting it through unnoticed
     from ray.data.context import OK_PREFIX
 
-    for name, start in {**console.QUIET_RECORDS, **console.INPUT_ERROR_RECORDS}.items():
+    for name, start in {**console.QUIET_RECORDS, **console.INPUT_ERROR_RECORDS, **console.ONE_LINE_RECORDS}.items():
         source = Path(importlib.util.find_spec(name).origin).read_text().replace("{OK_PREFIX}", OK_PREFIX)
         assert start[:30] in source, name
     for start in console.QUIET_WARNINGS.values():

@@ -16,8 +16,9 @@ from ray.tune.search.optuna import OptunaSearch
 from ropim.data.sources import listings, one_listing
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
-from ropim.train.runtime import ray_session
+from ropim.train.runtime import ray_session, worker_cause
 from tune.config import SweepConfig
+from tune.data_stop import StopAtDataError, TrialDataError, sweep_stopped
 from tune.outcome import SweepResult, end_unfinished_trials, finish
 from tune.preflight import prepare
 from tune.resources import ReleaseEndedTrials, release_all
@@ -74,7 +75,8 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
                                     max_concurrent_trials=ctx["max_concurrent"]),
         run_config=tune.RunConfig(name=cfg.name, storage_path=cfg.storage_path,
-                                  callbacks=[ReleaseEndedTrials(ctx["train_storage"]), *(callbacks or [])]),
+                                  callbacks=[ReleaseEndedTrials(ctx["train_storage"]), StopAtDataError(),
+                                             *(callbacks or [])]),
     )
 
 
@@ -128,6 +130,10 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     except KeyboardInterrupt:  # a stop signal: the trials' drivers die with this one, their runs end KILLED here
         end_unfinished_trials(cfg, run.run_id, run.tracking_uri)
         raise
+    except Exception as err:  # Tune wraps what its callbacks raise: a trial's data error ends the sweep
+        if (met := worker_cause(err, lambda e: isinstance(e, TrialDataError))) is None:
+            raise
+        raise sweep_stopped(cfg, run, met) from None
     finally:  # no trial of this sweep runs now: free what stopped trials' Train runs still hold
         if freed := release_all(ctx["train_storage"]):
             print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)

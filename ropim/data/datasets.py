@@ -23,7 +23,7 @@ from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_rgb
 from ropim.data.formats.common import Source
 from ropim.data.lists import ImageList
 from ropim.data.sources import open_source
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, DataError
 
 SPLITS = ("train", "val")
 
@@ -88,7 +88,7 @@ class ImageListDataset(Dataset):
                 self.bad.add(self.paths[j], err)
                 continue
             return (self.transform(img) if self.transform else img), int(self.labels[j])
-        raise ConfigError(f"no decodable image among the {n} images of this split; check the files")
+        raise DataError(f"no decodable image among the {n} images of this split; check the files")
 
 
 def build_dataset(cfg: DataConfig, split: str, transform=None, img_size: int = 32,

@@ -9,7 +9,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, DataError
 
 log = logging.getLogger("ropim.data")
 MAX_LOGGED_BAD = 20
@@ -17,7 +17,7 @@ FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")  # the only decoders PIL may use
 DEFAULT_MAX_PIXELS = 25_000_000  # DataConfig.max_pixels' default: 2× a 12 MP photo, the largest an ImageNet image is
 
 
-class BadImageError(ConfigError):
+class BadImageError(DataError):
     """An image that cannot be decoded, under ``on_bad_image="fail"``; the message names it."""
 
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ropim.errors import ConfigError, first_line
+from ropim.errors import ConfigError, DataError, first_line
 from ropim.paths import is_uri
 
 UNRECORDED = "unrecorded.json"  # epoch records the tracking store had not taken when the checkpoint was written
 Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]  # (name, a local folder), newest first
 
 
-class NoRoom(ConfigError):
+class NoRoom(DataError):
     """A checkpoint that did not fit where it is written (no space left on the device): the message says where, and
     what frees room."""
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import encoder_folder, run_cli, tiny_finetune, tiny_pretrain
+from support import encoder_folder, run_cli, tiny_finetune, tiny_pretrain, undecodable_shard
 
 from ropim.data.config import DataConfig
 from ropim.data.decode import BadImageError
@@ -159,28 +159,6 @@ def test_a_checkpoint_that_cannot_be_loaded_falls_back_to_the_previous_one(workd
     (workdir / "ray_results" / "gone" / "in_process" / "checkpoint_000001" / "train_state.pt").write_bytes(b"")
     with pytest.raises(ConfigError, match="no checkpoint of this run can be loaded: .*gone/in_process/checkpoint_0+1 "):
         run(gone)  # none left that loads: one clear error, nothing trained
-
-
-def undecodable_shard(folder: Path) -> None:
-    """``folder``/train-00000.parquet: 40 random 32² PNGs with two labels; every 4th is not an image."""
-    import io
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-
-    def png() -> bytes:
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="PNG")
-        return buf.getvalue()
-
-    images = [png() if i % 4 else b"\x89PNG\r\n\x1a\n cut" for i in range(40)]
-    folder.mkdir()
-    pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
-                             "path": [f"img{i}.png" for i in range(40)]}), folder / "train-00000.parquet")
 
 
 @pytest.mark.faults  # a bad image stops the Ray workers

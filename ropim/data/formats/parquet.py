@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 from ropim.data import footers
 from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
 from ropim.data.lists import ImageList, Items, SegList
-from ropim.errors import ConfigError, first_line
+from ropim.errors import ConfigError, DataError, first_line
 from ropim.filesystems import filesystem as open_location
 from ropim.paths import is_uri
 
@@ -48,9 +48,9 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
         raise ConfigError(f"data source {location!r}: cannot open this URI ({err}); {HINT}") from None
 
 
-def unreadable(location: str, file: str, err: Exception) -> ConfigError:
+def unreadable(location: str, file: str, err: Exception) -> DataError:
     """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
-    return ConfigError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
+    return DataError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
                        "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
                        "the shards that are missing), or move it out of the data set")
 
@@ -271,9 +271,9 @@ class ParquetSource(Source):
         n = t.num_rows
         lab = t["label"].to_numpy(zero_copy_only=False).astype(np.int64) if label else np.zeros(n, np.int64)
         if n and label and (lab.min() < 0 or lab.max() >= len(self.classes)):
-            raise ConfigError(f"data source {self.cfg.source!r}: {f} has labels {lab.min()}..{lab.max()}, outside "
-                              f"the {len(self.classes)} classes ({', '.join(self.classes[:5])}…); fix the labels or "
-                              "the class names")
+            raise DataError(f"data source {self.cfg.source!r}: {f} has labels {lab.min()}..{lab.max()}, outside "
+                            f"the {len(self.classes)} classes ({', '.join(self.classes[:5])}…); fix the labels or "
+                            "the class names")
         pth = t["path"].to_pylist() if "path" in names else [None] * n
         idx = np.arange(n)
         if keep_val is not None:
