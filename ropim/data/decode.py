@@ -63,13 +63,13 @@ def decode_rgb(data: bytes | np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -
 def decode_mask(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """The (H, W) class indices of an encoded label map (``name``: its file, for messages): a greyscale, 16-bit or
     palette image as stored (a palette PNG's indices are the classes, as Pascal VOC's), an RGB(A) one whose channels
-    are all equal as one channel. ConfigError naming ``name`` and the fix for a JPEG (lossy: labels smeared along
+    are all equal as one channel. DataError naming ``name`` and the fix for a JPEG (lossy: labels smeared along
     every edge), colours or transparency; ValueError naming it for an undecodable or oversized file."""
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as img:
             if img.format == "JPEG":
-                raise ConfigError(f"{name}: a JPEG mask (lossy compression changes the labels along every edge); "
-                                  "save label maps as PNG (greyscale 'L' or palette 'P', one class index per pixel)")
+                raise DataError(f"{name}: a JPEG mask (lossy compression changes the labels along every edge); "
+                                "save label maps as PNG (greyscale 'L' or palette 'P', one class index per pixel)")
             if img.width * img.height > max_pixels:
                 raise ValueError(f"{img.width}x{img.height} pixels, over data.max_pixels={max_pixels:,}")
             img.load()
@@ -83,7 +83,7 @@ def decode_mask(data: bytes, name: str, max_pixels: int = DEFAULT_MAX_PIXELS) ->
 
 def label_map(labels: np.ndarray, name: str, mode: str = "RGB") -> np.ndarray:
     """(H, W) labels from a decoded mask: one channel as it is; several (``mode``) only when the colour channels are
-    equal and any alpha is opaque; ConfigError naming ``name`` and the fix otherwise."""
+    equal and any alpha is opaque; DataError naming ``name`` and the fix otherwise."""
     if labels.ndim == 2:
         return labels.astype(np.uint8) if labels.dtype == bool else labels
     fix = ("a mask holds one class index per pixel (0..K-1, 255 = ignore): convert it to class indices and save it "
@@ -91,13 +91,13 @@ def label_map(labels: np.ndarray, name: str, mode: str = "RGB") -> np.ndarray:
     alpha = mode in ("LA", "PA", "RGBA") or labels.shape[2] in (2, 4)
     colour, opaque = (labels[..., :-1], labels[..., -1]) if alpha else (labels, None)
     if opaque is not None and (opaque != opaque.max(initial=0)).any():
-        raise ConfigError(f"{name}: a {mode} mask with transparency; {fix}")
+        raise DataError(f"{name}: a {mode} mask with transparency; {fix}")
     if (colour == colour[..., :1]).all():
         return colour[..., 0]
     found = np.unique(colour.reshape(-1, colour.shape[-1]), axis=0)  # an error's cost only
     shown = ", ".join(str(tuple(int(v) for v in c)) for c in found[:3]) + (", …" if len(found) > 3 else "")
-    raise ConfigError(f"{name}: an {mode} colour mask ({len(found)} colours: {shown}); colour-coded classes are not "
-                      f"read as classes: {fix}")
+    raise DataError(f"{name}: an {mode} colour mask ({len(found)} colours: {shown}); colour-coded classes are not "
+                    f"read as classes: {fix}")
 
 
 def try_decode(data: bytes | np.ndarray | None, path: str, bad: BadImages) -> Image.Image | None:

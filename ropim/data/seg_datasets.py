@@ -24,7 +24,7 @@ from ropim.data.formats.common import Source
 from ropim.data.lists import SegList
 from ropim.data.seg_augment import CAT_MAX_RATIO, CatMaxRandomCrop, PadBottomRight, PhotoMetricDistortion
 from ropim.data.sources import open_source
-from ropim.errors import ConfigError
+from ropim.errors import ConfigError, DataError
 
 
 def seg_train_transform(crop: int, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
@@ -92,7 +92,7 @@ class SegDataset(Dataset):
                 continue
             img = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)  # (3, H, W)
             return tv_tensors.Image(img), tv_tensors.Mask(torch.from_numpy(mask.copy()))
-        raise ConfigError(f"no decodable pair among the {n} of this split; check the files")
+        raise DataError(f"no decodable pair among the {n} of this split; check the files")
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, mask = self.transform(*self.raw(i))
