@@ -45,7 +45,7 @@ from ropim.train.checkpoint import UNRECORDED, NoRoom, folder_bytes, full, resto
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
-from ropim.train.task import Task, Worker
+from ropim.train.task import Task, Worker, eta_text
 
 log = logging.getLogger("ropim.train")
 END = object()  # what ``next(batches, END)`` gives once an epoch's batches run out
@@ -181,10 +181,10 @@ class Loop:
 
     def progress(self, epoch: int, loss: torch.Tensor, tally: EpochTally, t0: float) -> None:
         rate = tally.images * self.worker.world / (time.perf_counter() - t0)
-        eta = (self.total_steps - self.step) * self.cfg.batch / rate
+        eta = eta_text((self.total_steps - self.step) * self.cfg.batch / rate)
         # logging, not print: Ray Train's print patch would echo each line twice
         log.info(f"[{self.cfg.kind}] epoch {epoch + 1}/{self.cfg.epochs} step {self.step}/{self.total_steps} "
-                 f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta / 60:.1f} min")
+                 f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta}")
 
     def epoch_stats(self, tally: EpochTally) -> dict[str, float]:
         """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory (the

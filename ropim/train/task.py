@@ -22,6 +22,11 @@ from ropim.train.job import JobConfig
 log = logging.getLogger("ropim.train")
 
 
+def eta_text(seconds: float) -> str:
+    """Time left, as a progress line says it: minutes up to 2 hours, then hours (a 300-epoch run's ETA in hours)."""
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 class Worker(Protocol):
     """Where the loop runs: one Ray Train worker, or this process (``ropim.train.runtime``)."""
 
@@ -165,11 +170,11 @@ class Task(ABC):
         """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA; the
         job's first also what a worker needs in memory (the largest worker's peak resident memory so far)."""
         cfg, epoch = self.cfg, metrics["epoch"]
-        eta = (cfg.epochs - epoch) * metrics["epoch_time_s"] / 60
+        left = eta_text((cfg.epochs - epoch) * metrics["epoch_time_s"])
         memory = "" if self.memory_shown else f", peak RSS per worker {metrics['peak_rss_mb'] / 1024:.2f} GiB"
         self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
-                 f"{metrics['epoch_time_s']:.1f} s ETA {eta:.1f} min{memory}")
+                 f"{metrics['epoch_time_s']:.1f} s ETA {left}{memory}")
 
     def sharded(self, dataset, micro_batch: int,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
