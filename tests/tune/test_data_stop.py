@@ -34,6 +34,12 @@ def test_a_trial_failing_on_the_data_or_storage_ends_the_sweep(tmp_path, err):
     assert raised.value.trial_id == "abc_00001"
 
 
+def test_tunes_trial_still_keeps_its_pickled_error_where_the_callback_reads_it():
+    from ray.tune.experiment import Trial
+
+    assert isinstance(Trial.pickled_error_file, property)  # a Ray upgrade that moves it fails here
+
+
 @pytest.mark.parametrize("err", [Diverged("loss is nan at step 12: lower base_lr"), RuntimeError("CUDA error"), None])
 def test_a_trial_failing_on_its_own_settings_or_a_crash_fails_alone(tmp_path, err):
     StopAtDataError().on_trial_error(iteration=3, trials=[], trial=failed_trial(tmp_path, err))  # raises nothing
