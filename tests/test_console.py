@@ -4,6 +4,7 @@ settings, logging filters), every other line (and the job's errors) kept; no out
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import io
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,18 @@ def logged(records: list[tuple[str, str, bool]]) -> str:
     return out.getvalue()
 
 
+@contextlib.contextmanager
+def written(name: str) -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    """Logger ``name`` and what a plain handler on it writes meanwhile (its filters apply)."""
+    out = io.StringIO()
+    logger = logging.getLogger(name)
+    logger.addHandler(handler := logging.StreamHandler(out))
+    try:
+        yield logger, out
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_internal_lines_dropped_job_lines_kept(quiet, capsys) -> None:
     skip = re.compile(os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"])  # Ray's deduplicator drops the lines it matches
     lines = ["[pretrain] epoch 1/2 loss 1.0", PREEMPTION_LINE, WORKER_POOL_LINE,
@@ -114,10 +128,7 @@ def test_a_workers_traceback_is_dropped_for_bad_input_said_in_one_line_only(quie
     from ropim.data.decode import BadImageError
 
     (name, start), = console.INPUT_ERROR_RECORDS.items()
-    out = io.StringIO()
-    logger = logging.getLogger(name)
-    logger.addHandler(handler := logging.StreamHandler(out))
-    try:
+    with written(name) as (logger, out):
         for err in (BadImageError("img7.png: cannot decode image; set data.on_bad_image=skip"),
                     RuntimeError("CUDA error: an illegal memory access was encountered"),
                     ConfigError("two lines:\nnot said in one")):
@@ -126,8 +137,6 @@ def test_a_workers_traceback_is_dropped_for_bad_input_said_in_one_line_only(quie
             except Exception:  # as Ray Train's worker logs what the job's function raised
                 logger.error(f"{start}\nTraceback (most recent call last):\n  …\n{type(err).__name__}: {err}")
         logger.error(f"{start} logged outside an except")
-    finally:
-        logger.removeHandler(handler)
     shown = out.getvalue()
     assert "BadImageError" not in shown and "RuntimeError: CUDA error" in shown and "not said in one" in shown
     assert shown.count(start) == 3
@@ -139,17 +148,12 @@ def test_tunes_record_of_a_failed_trial_shows_bad_input_in_one_line_and_keeps_ot
     from ropim.train.guard import Diverged
 
     (name, start), = console.ONE_LINE_RECORDS.items()
-    out = io.StringIO()
-    logger = logging.getLogger(name)
-    logger.addHandler(handler := logging.StreamHandler(out))
-    try:
+    with written(name) as (logger, out):
         for cause in (Diverged("loss is nan at step 12; lower base_lr"), RuntimeError("CUDA error: illegal access")):
             try:
                 raise RayTaskError("train", "Traceback (most recent call last): …", cause)
             except RayTaskError as err:  # as Tune logs a trial's failure: the error as the record's exc_info
                 logger.error(f"{start} trial_driver_1", exc_info=err)
-    finally:
-        logger.removeHandler(handler)
     one, crash = out.getvalue().split(f"{start} trial_driver_1", 2)[1:]
     assert one == ": loss is nan at step 12; lower base_lr\n"
     assert crash.startswith("\nTraceback (most recent call last):") and "RayTaskError" in crash
