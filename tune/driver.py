@@ -21,6 +21,7 @@ from tune.config import SweepConfig
 from tune.data_stop import StopAtDataError, TrialDataError, sweep_stopped
 from tune.outcome import SweepResult, end_unfinished_trials, finish
 from tune.preflight import prepare
+from tune.progress import SweepProgress
 from tune.resources import ReleaseEndedTrials, release_all
 from tune.spaces import grid_seeds, to_tune
 from tune.study import study_storage
@@ -74,9 +75,9 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         param_space=to_tune(space),
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
                                     max_concurrent_trials=ctx["max_concurrent"]),
-        run_config=tune.RunConfig(name=cfg.name, storage_path=cfg.storage_path,
-                                  callbacks=[ReleaseEndedTrials(ctx["train_storage"]), StopAtDataError(),
-                                             *(callbacks or [])]),
+        run_config=tune.RunConfig(name=cfg.name, storage_path=cfg.storage_path, verbose=0,  # SweepProgress's lines
+                                  callbacks=[SweepProgress(cfg), ReleaseEndedTrials(ctx["train_storage"]),
+                                             StopAtDataError(), *(callbacks or [])]),
     )
 
 
