@@ -53,7 +53,10 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
     base = PretrainConfig.from_dict(pretrain).validate()
     for knob, dist in cfg.space.items():
         for value in next(iter(dist.values())):
-            PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
+            try:
+                PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
+            except ConfigError as err:  # name the knob: the flag the user typed is --space, not the field
+                raise ConfigError(f"space knob {knob!r} at {value!r}: {err}") from None
     batches = {"global_batch_size": base.global_batch_size}
     if cfg.metric == "finetune_top1":
         batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size

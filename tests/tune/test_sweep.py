@@ -79,6 +79,8 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
     assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain["eval_every"] == demo["epochs"]  # last
     with pytest.raises(SystemExit, match="rho: values must lie in"):
         main(["--space", '{"rho": {"grid": [0.07, 1.2]}}', *TINY])
+    with pytest.raises(SystemExit, match=r"space knob 'epochs' at 0: epochs=0: must be an integer ≥ 1"):
+        main(["--space", '{"epochs": {"choice": [0, 4]}}', "--search", "tpe", *TINY])
     with pytest.raises(SystemExit, match="scheduler=asha needs"):
         main(["--scheduler", "asha", *TINY])
     with pytest.raises(SystemExit, match="unknown --preset 'nope'"):
