@@ -29,7 +29,7 @@ import threading
 import warnings
 from collections.abc import Callable
 
-from ropim.errors import said_in_one_line
+from ropim.errors import input_line
 
 # {logger: start of the message}: warnings about Ray's own machinery, not the user's job (each seen in `make demo`)
 QUIET_RECORDS = {
@@ -46,10 +46,16 @@ QUIET_RECORDS = {
     # Ray Data, once per epoch of a ray_data ingest (a failed execution's line stays)
     "ray.data._internal.execution.streaming_executor": "✔️  Dataset ",
 }
-# {logger: start of the message}: Ray Train's worker logs the traceback of whatever the job's function raised; for
-# bad input said in one line (``ropim.errors.said_in_one_line``: an image that does not decode, a shard cut short)
-# the driver ends with that line, so the traceback (a restarted attempt's again) is dropped; any other error keeps it
-INPUT_ERROR_RECORDS = {"ray.train.v2._internal.util": "Error in training function:"}
+# {logger: start of the message}: Ray Train's worker logs the traceback of whatever the job's function raised, and
+# Ray Data (ingest=ray_data) the error of a decode task where its execution aborts and where each split fails; for
+# bad input said in one line (``ropim.errors.input_line``: an image that does not decode, a shard cut short)
+# the driver ends with that line, so these records (a restarted attempt's again) are dropped; any other error keeps
+# them
+INPUT_ERROR_RECORDS = {
+    "ray.train.v2._internal.util": "Error in training function:",
+    "ray.data._internal.execution.streaming_executor_state": "An exception was raised from a task of operator",
+    "ray.data._internal.iterator.stream_split_iterator": "Split ",
+}
 # {logger: start of the message}: Tune logs a failed trial's error with its traceback (Ray's task error around the
 # trial's); for bad input said in one line it shows that line instead
 ONE_LINE_RECORDS = {"ray.tune.execution.tune_controller": "Trial task failed for trial"}
@@ -68,7 +74,7 @@ SKIPPED_LINES = (r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatche
 
 class DropRecords(logging.Filter):
     """Drops the records whose message starts with ``start`` (a record's traceback goes with it); with ``handling``,
-    only those logged while handling an exception it accepts (the record logged inside an ``except``)."""
+    only those about an exception it accepts (the record's own, or the one handled where it is logged)."""
 
     def __init__(self, start: str, handling: Callable[[BaseException | None], bool] | None = None) -> None:
         super().__init__()
@@ -78,12 +84,21 @@ class DropRecords(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.getMessage().startswith(self.start):
             return True
-        return self.handling is not None and not self.handling(sys.exc_info()[1])
+        about = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return self.handling is not None and not self.handling(about)
 
 
 def raised(err: BaseException | None) -> BaseException | None:
-    """The exception a Ray task raised, taken out of Ray's task error around it (``err`` itself otherwise)."""
-    return getattr(err, "cause", None) or err
+    """The exception a Ray task raised, taken out of Ray's task errors around it (``err`` itself otherwise)."""
+    while getattr(err, "cause", None) is not None:
+        err = err.cause
+    return err
+
+
+def said_in_one_line(err: BaseException | None) -> bool:
+    """Whether ``err`` (or what a Ray task raised inside it) is bad input said in one line
+    (``ropim.errors.input_line``)."""
+    return bool(input_line(raised(err)))
 
 
 class OneLine(logging.Filter):
@@ -95,9 +110,9 @@ class OneLine(logging.Filter):
         self.start = start
 
     def filter(self, record: logging.LogRecord) -> bool:
-        err = raised(record.exc_info[1]) if record.exc_info else None
-        if record.getMessage().startswith(self.start) and said_in_one_line(err):
-            record.msg, record.args = f"{record.getMessage()}: {str(err).strip()}", ()
+        line = input_line(raised(record.exc_info[1])) if record.exc_info else None
+        if line and record.getMessage().startswith(self.start):
+            record.msg, record.args = f"{record.getMessage()}: {line}", ()
             record.exc_info = record.exc_text = None
         return True
 

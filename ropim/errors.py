@@ -16,10 +16,13 @@ class JobFailed(RuntimeError):
     memory); the message says why, what the run kept and how to continue it, in one line."""
 
 
-def said_in_one_line(err: BaseException | None) -> bool:
-    """Whether ``err`` is bad input said in one line (a ``ConfigError`` whose message names the input and the fix):
-    what a command ends with, without a traceback."""
-    return isinstance(err, ConfigError) and bool(str(err).strip()) and "\n" not in str(err).strip()
+def input_line(err: BaseException | None) -> str | None:
+    """The one line bad input says (a ``ConfigError``'s message names the input and the fix: its first line, since a
+    library may append its own advice below it, as Ray Data does to what its tasks raise); None for any other error,
+    and for Ray's error around one (its ``cause``). What a command ends with, without a traceback."""
+    if not isinstance(err, ConfigError) or getattr(err, "cause", None) is not None:
+        return None
+    return (str(err).strip().splitlines() or [None])[0]
 
 
 def first_line(err: BaseException, limit: int = 300) -> str:

@@ -204,6 +204,9 @@ def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augmen
     ds = ds.map_batches(decode_batch, batch_format="numpy", batch_size=map_batch_size, fn_kwargs=kwargs,
                         num_cpus=num_cpus)
     quiet(ds.context)
+    # a decode task's own error, not Ray Data's UserCodeException around it: a bad image's BadImageError reaches the
+    # job as itself (pickling Ray's task error drops the exception chain), so the job ends in its one line
+    ds.context.raise_original_map_exception = True
     return ds
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ropim.data.sources import listings
-from ropim.errors import ConfigError, said_in_one_line
+from ropim.errors import ConfigError, input_line
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
@@ -284,11 +284,11 @@ def worker_cause(err: BaseException, wanted: Callable[[BaseException], bool]) ->
 
 def input_error(err: BaseException) -> ConfigError | None:
     """The ``ConfigError`` (a bad image under ``fail``, a shard cut short) a worker raised, found inside the error Ray
-    hands the driver, with a one-line message; None when the failure is something else."""
-    found = worker_cause(err, said_in_one_line)
+    hands the driver, with its one line (``ropim.errors.input_line``); None when the failure is something else."""
+    found = worker_cause(err, lambda e: bool(input_line(e)))
     if found is None:
         return None
-    return (type(found) if type(found).__module__.startswith("ropim.") else ConfigError)(str(found).strip())
+    return (type(found) if type(found).__module__.startswith("ropim.") else ConfigError)(input_line(found))
 
 
 def gpu_or_cpu(use_gpu: bool) -> torch.device:
