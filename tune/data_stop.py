@@ -13,7 +13,8 @@ import os
 import cloudpickle
 from ray.tune import Callback
 
-from ropim.errors import DataError
+from ropim.console import raised
+from ropim.errors import DataError, first_line, input_line
 from ropim.tracking import store
 from ropim.tracking.runs import Run
 from tune.config import SweepConfig
@@ -24,7 +25,7 @@ class TrialDataError(DataError):
     """A trial's ``DataError``, raised out of ``Tuner.fit`` (the sweep ends on it); ``trial_id`` names the trial."""
 
     def __init__(self, trial_id: str, err: DataError) -> None:
-        super().__init__(str(err))
+        super().__init__(input_line(err) or first_line(err))
         self.trial_id = trial_id
 
 
@@ -35,8 +36,7 @@ def trial_error(trial) -> BaseException | None:
     if not path or not os.path.exists(path):
         return None
     with open(path, "rb") as f:
-        err = cloudpickle.load(f)
-    return getattr(err, "cause", None) or err
+        return raised(cloudpickle.load(f))
 
 
 class StopAtDataError(Callback):
