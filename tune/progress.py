@@ -26,6 +26,11 @@ class SweepProgress(Callback):
         self.pretrain, self.every_s, self.total = cfg.pretrain, every_s, cfg.n_trials
         self.started = self.shown = time.monotonic()
 
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        """The clock starts where this process runs the experiment: a restored sweep unpickles this callback with
+        the times of the process that started it (``time.monotonic`` means nothing across processes)."""
+        self.started = self.shown = time.monotonic()
+
     def say(self, trials: list, what: str, trial=None, now: str = "") -> None:
         """One line: ``what``, then how many trials are in each state (``trial`` counted as ``now``: Tune calls back
         before it sets the new status; those Tune has not made yet are pending) and the best score so far."""

@@ -32,8 +32,10 @@ def test_each_trial_event_is_one_line_with_the_states_and_the_best(capsys, monke
         "41.25 (trial t_00000)"]
 
     b.status = "ERROR"
-    clock = [progress.shown + 599.5]
+    clock = [1e6]  # another process: a restored sweep's callback starts its clock in setup
     monkeypatch.setattr("tune.progress.time.monotonic", lambda: clock[0])
+    progress.setup(stop=None, num_samples=1, total_num_samples=3)
+    clock[0] += 599.5
     progress.on_step_end(iteration=13, trials=[a, b])
     assert capsys.readouterr().out == ""  # not yet every_s since the last line
     clock[0] += 1.0
