@@ -8,7 +8,8 @@ replaced, so every other line (and every warning and error about the job) passes
   machinery (``QUIET_RECORDS``, each with the traceback it carries), the traceback of a worker's bad input said in
   one line (``INPUT_ERROR_RECORDS``: the driver ends with that line; Tune's record of a failed trial shows only that
   line, ``ONE_LINE_RECORDS``), the warnings it raises about its own code
-  (``QUIET_WARNINGS``) and the uncaught exceptions of its helper threads (``QUIET_THREADS``) are dropped in this
+  (``QUIET_WARNINGS``), the uncaught exceptions of its helper threads (``QUIET_THREADS``) and the exit its SIGTERM
+  handler raises inside a finalizer (``QuietExits``) are dropped in this
   process and, through the job's ``worker_process_setup_hook``, in every Ray worker process of the job (Train's
   controller and Ray Data's split coordinator run there); the C++ lines its workers and raylets print
   (``SKIPPED_LINES``) are skipped by Ray's own log deduplicator. Ray Data's progress bars are turned off per dataset
@@ -117,6 +118,19 @@ class OneLine(logging.Filter):
         return True
 
 
+class QuietExits:
+    """A ``sys.unraisablehook`` that drops a ``SystemExit`` raised where Python cannot raise it (Ray's SIGTERM handler
+    of a worker process that Ray stops, run inside a finalizer: ``Exception ignored in: <function WeakSet…>`` and
+    its traceback, in the output of a sweep that succeeded) and hands every other one to the hook it replaced."""
+
+    def __init__(self, previous) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable) -> None:
+        if not (isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, SystemExit)):
+            self.previous(unraisable)
+
+
 class QuietThreads:
     """A ``threading.excepthook`` that drops the uncaught exceptions of ``QUIET_THREADS`` and hands every other one to
     the hook it replaced."""
@@ -145,6 +159,8 @@ def quiet_ray_internals() -> None:
             logger.addFilter(OneLine(start))
     if not isinstance(threading.excepthook, QuietThreads):
         threading.excepthook = QuietThreads(threading.excepthook)
+    if not isinstance(sys.unraisablehook, QuietExits):
+        sys.unraisablehook = QuietExits(sys.unraisablehook)
 
 
 def job_runtime_env(runtime_env: dict | None) -> dict:

@@ -22,6 +22,7 @@ import pytest
 from mlflow.utils.logging_utils import eprint
 
 from ropim import console
+from ropim.data.decode import BadImageError
 from ropim.errors import ConfigError
 from ropim.tracking.registry import registry_lines_muted
 
@@ -53,6 +54,7 @@ def quiet(monkeypatch):
     saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters), list(logging.getLogger(n).handlers))
              for n in names}
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     streams = sys.stdout, sys.stderr
     console.quiet_console()
     assert (sys.stdout, sys.stderr) == streams  # nothing swapped
@@ -125,21 +127,26 @@ def test_line_after_warning_without_traceback_is_kept(quiet) -> None:
 
 
 def test_a_workers_traceback_is_dropped_for_bad_input_said_in_one_line_only(quiet) -> None:
-    from ropim.data.decode import BadImageError
+    for name, start in console.INPUT_ERROR_RECORDS.items():  # Ray Train's worker, Ray Data's executor and splits
+        with written(name) as (logger, out):
+            logs_each_error(logger, start)
+        shown = out.getvalue()
+        assert "BadImageError" not in shown and "RuntimeError: CUDA error" in shown and "ConfigError: \n" in shown
+        assert shown.count(start) == 3
 
-    (name, start), = console.INPUT_ERROR_RECORDS.items()
-    with written(name) as (logger, out):
-        for err in (BadImageError("img7.png: cannot decode image; set data.on_bad_image=skip"),
-                    RuntimeError("CUDA error: an illegal memory access was encountered"),
-                    ConfigError("")):
-            try:
-                raise err
-            except Exception:  # as Ray Train's worker logs what the job's function raised
-                logger.error(f"{start}\nTraceback (most recent call last):\n  …\n{type(err).__name__}: {err}")
-        logger.error(f"{start} logged outside an except")
-    shown = out.getvalue()
-    assert "BadImageError" not in shown and "RuntimeError: CUDA error" in shown and "ConfigError: \n" in shown
-    assert shown.count(start) == 3
+
+def logs_each_error(logger: logging.Logger, start: str) -> None:
+    """A bad image, a crash and an empty ConfigError logged as Ray logs them: inside the ``except`` that handles
+    each (Ray Train's worker, Ray Data's split), or as the record's own (Ray Data's executor); then a record about
+    none."""
+    for err in (BadImageError("img7.png: cannot decode image; set data.on_bad_image=skip"),
+                RuntimeError("CUDA error: an illegal memory access was encountered"), ConfigError("")):
+        try:
+            raise err
+        except Exception:
+            text = f"{start}\nTraceback (most recent call last):\n  …\n{type(err).__name__}: {err}"
+            logger.error(text, exc_info=err if "executor" in logger.name else None)
+    logger.error(f"{start} logged outside an except")
 
 
 def test_tunes_record_of_a_failed_trial_shows_bad_input_in_one_line_and_keeps_other_tracebacks(quiet) -> None:
@@ -172,6 +179,23 @@ def test_cleaner_thread_traceback_dropped(quiet, monkeypatch) -> None:
         thread.start()
         thread.join()
     assert seen == ["the-jobs-thread"]
+
+
+def test_an_exit_raised_inside_a_finalizer_is_dropped_other_unraisable_errors_kept(quiet, monkeypatch) -> None:
+    seen = []  # what reaches the hook in place before (Python's prints "Exception ignored in: …" and the traceback)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    console.quiet_ray_internals()
+
+    class Finalized:
+        def __init__(self, err: BaseException) -> None:
+            self.err = err
+
+        def __del__(self) -> None:  # as Ray's SIGTERM handler raising SystemExit while a WeakSet callback runs
+            raise self.err
+
+    for err in (SystemExit(1), RuntimeError("a finalizer's own bug")):
+        Finalized(err)  # dropped at once: its __del__ runs, Python cannot raise what it raises
+    assert seen == [RuntimeError]
 
 
 def test_ray_workers_get_the_same_filters_through_the_job_runtime_env(quiet) -> None:
