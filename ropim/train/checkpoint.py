@@ -28,7 +28,10 @@ Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]
 
 class NoRoom(DataError):
     """A checkpoint that did not fit where it is written (no space left on the device): the message says where, and
-    what frees room."""
+    what frees room (``ROOM``)."""
+
+
+ROOM = "lower --keep_checkpoints or give another --storage_path"  # what frees room besides freeing space there
 
 
 def full(err: BaseException) -> bool:
@@ -64,7 +67,7 @@ def room_note(size: int, run_dir: str, keep: int) -> str | None:
         return None
     return (f"{disk} has {size_text(free)} free: this run keeps {keep} checkpoint(s) of {size_text(size)} and writes "
             f"the next before dropping the oldest ({size_text(need)}, {size_text(held)} of it held already), so it "
-            "will stop when the disk fills; free space there, lower --keep_checkpoints or give another --storage_path")
+            f"will stop when the disk fills; free space there, {ROOM}")
 
 
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epoch: int, step: int,

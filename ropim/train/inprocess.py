@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 import torch
 
 from ropim.filesystems import filesystem
-from ropim.train.checkpoint import NoRoom, folder_bytes, full, size_text
+from ropim.train.checkpoint import ROOM, NoRoom, folder_bytes, full, size_text
 
 
 class LocalWorker:
@@ -61,8 +61,7 @@ class LocalWorker:
             shutil.rmtree(tmp, ignore_errors=True)  # no half-written checkpoint left taking room
             if full(err):
                 raise NoRoom(f"no space left in {self.folder} for epoch {metrics['epoch']}'s checkpoint "
-                             f"({size_text(folder_bytes(folder))}): free space there, lower --keep_checkpoints or "
-                             "give another --storage_path") from None
+                             f"({size_text(folder_bytes(folder))}): free space there, {ROOM}") from None
             raise
         finally:
             shutil.rmtree(folder, ignore_errors=True)

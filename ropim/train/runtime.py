@@ -21,7 +21,7 @@ from ropim.errors import ConfigError, input_line
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
-from ropim.train.checkpoint import NoRoom, full
+from ropim.train.checkpoint import ROOM, NoRoom, full
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_records
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -133,7 +133,7 @@ class RayWorker:
             if not full(err):
                 raise
             raise NoRoom(f"no space left in the run's storage_path for epoch {metrics['epoch']}'s checkpoint: free "
-                         "space there, lower --keep_checkpoints or give another --storage_path") from None
+                         f"space there, {ROOM}") from None
         if folder is not None and not background:
             ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 
