@@ -36,8 +36,8 @@ class SweepProgress(Callback):
         before it sets the new status; those Tune has not made yet are pending) and the best score so far."""
         counts = Counter(now if t is trial else STATES.get(t.status, t.status.lower()) for t in trials)
         counts["pending"] += max(0, self.total - len(trials))
-        shown = sorted((s for s in counts if counts[s]), key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER))
-        states = ", ".join(f"{counts[state]} {state}" for state in shown)
+        present = sorted((s for s in counts if counts[s]), key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER))
+        states = ", ".join(f"{counts[state]} {state}" for state in present)
         print(f"[sweep] {self.name}: {what}; {states}{self.best(trials)}", flush=True)
         self.shown = time.monotonic()
 

@@ -129,9 +129,9 @@ def fit_run(p: Prepared, mlflow_run: Run, worker_fn: WorkerFn, trainer_kwargs: d
         raise out_of_room(p, mlflow_run, err) from None
     except Exception as err:
         if (disk := worker_cause(err, enospc)) is not None:  # Ray's own write (its controller's state, async uploads)
-            full = NoRoom(f"a disk the run writes to is full ({first_line(disk)}): free space in its storage_path or "
+            room = NoRoom(f"a disk the run writes to is full ({first_line(disk)}): free space in its storage_path or "
                           f"the temporary folder, {ROOM}")
-            raise out_of_room(p, mlflow_run, full) from None
+            raise out_of_room(p, mlflow_run, room) from None
         why = failure_reason(err)
         store.set_tags(mlflow_run.run_id, {"ropim.failure": why}, p.tracking)
         if type(err).__module__.split(".")[0] != "ray" or hasattr(err, "worker_failures"):

@@ -51,8 +51,8 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
 def unreadable(location: str, file: str, err: Exception) -> DataError:
     """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
     return DataError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
-                       "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
-                       "the shards that are missing), or move it out of the data set")
+                     "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
+                     "the shards that are missing), or move it out of the data set")
 
 
 def hidden(relpath: str) -> bool:
