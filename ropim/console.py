@@ -17,6 +17,8 @@ replaced, so every other line (and every warning and error about the job) passes
 - MLflow: loggers at WARNING, no artifact progress bars. The lines its registry prints on every new version are
   muted where ropim registers one (``ropim.tracking.registry``), which prints the registered URI itself.
 
+The progress lines say the time left one way, ``eta_text``.
+
 The logger names and messages are Ray 2.60's (pinned); tests/test_console.py checks that they still exist there.
 """
 
@@ -71,6 +73,11 @@ QUIET_THREADS = ("PlacementGroupCleanerMonitor",)
 # actors): every such run printed it, about Ray's scheduling, not the job
 SKIPPED_LINES = (r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatcher'"
                  r"|PYTHON worker processes have been started on node: .* the maximum expected startup concurrency")
+
+
+def eta_text(seconds: float) -> str:
+    """Time left, as a progress line says it: minutes up to 2 hours, then hours (a 300-epoch run's ETA in hours)."""
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 class DropRecords(logging.Filter):

@@ -280,3 +280,9 @@ def test_a_two_worker_ray_data_pretraining_prints_one_line_per_epoch(tmp_path, e
     assert len([line for line in ours if "] epoch " in line]) == 2
     assert len(lines) - len(ours) <= 3, lines  # at most a few lines of Ray starting
     assert len(job.stdout + job.stderr) < 3000
+
+
+def test_the_eta_reads_in_hours_for_a_long_run():
+    # a 300-epoch ViT-B run at 20 min an epoch printed "ETA 5980.0 min"
+    assert [console.eta_text(s) for s in (0, 90, 7199, 7200, 299 * 1200)] == ["0.0 min", "1.5 min", "120.0 min",
+                                                                              "2.0 h", "99.7 h"]

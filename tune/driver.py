@@ -76,8 +76,9 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
                                     max_concurrent_trials=ctx["max_concurrent"]),
         run_config=tune.RunConfig(name=cfg.name, storage_path=cfg.storage_path, verbose=0,  # SweepProgress's lines
-                                  callbacks=[SweepProgress(cfg), ReleaseEndedTrials(ctx["train_storage"]),
-                                             StopAtDataError(), *(callbacks or [])]),
+                                  callbacks=[SweepProgress(cfg, ctx["max_concurrent"]),
+                                             ReleaseEndedTrials(ctx["train_storage"]), StopAtDataError(),
+                                             *(callbacks or [])]),
     )
 
 
@@ -116,6 +117,11 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     # SIGINT ends a sweep as SIGTERM does (``ropim.tracking.signals``): the parent run and its unfinished trials
     # KILLED, the Tune experiment kept for ``--resume``; Tune's own SIGINT handler would return as if it had ended.
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    # SweepProgress says what the sweep does. Tune's console output (Ray's RAY_AIR_NEW_OUTPUT) would add, even at
+    # verbose 0, its experiment table and a TensorBoard command naming Ray's temporary session folder (the trials'
+    # records are in MLflow, Tune's files in storage_path/<name>); its legacy output prints nothing at verbose 0.
+    # Set in this process only, once Ray is up: Ray's workers keep their own.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     p = cfg.pretrain
     concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],

@@ -40,12 +40,13 @@ import numpy as np
 import torch
 from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
+from ropim.console import eta_text
 from ropim.seeds import derived_seed
 from ropim.train.checkpoint import UNRECORDED, NoRoom, folder_bytes, full, restore, room_note, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
-from ropim.train.task import Task, Worker, eta_text
+from ropim.train.task import Task, Worker
 
 log = logging.getLogger("ropim.train")
 END = object()  # what ``next(batches, END)`` gives once an epoch's batches run out

@@ -14,17 +14,13 @@ from typing import ClassVar, Protocol
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ropim.console import eta_text
 from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates
 from ropim.train.job import JobConfig
 
 log = logging.getLogger("ropim.train")
-
-
-def eta_text(seconds: float) -> str:
-    """Time left, as a progress line says it: minutes up to 2 hours, then hours (a 300-epoch run's ETA in hours)."""
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 class Worker(Protocol):

@@ -113,11 +113,3 @@ def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir):
     assert [m.step for m in c.get_metric_history(resumed.run_id, "train_loss")] == [1, 2]
     with pytest.raises(Exception, match="already exists .* different config .*base_lr"):
         run(dataclasses.replace(cfg, run_name="ft-resume", base_lr=0.5))
-
-
-def test_the_eta_reads_in_hours_for_a_long_run():
-    from ropim.train.task import eta_text
-
-    # a 300-epoch ViT-B run at 20 min an epoch printed "ETA 5980.0 min"
-    assert [eta_text(s) for s in (0, 90, 7199, 7200, 299 * 1200)] == ["0.0 min", "1.5 min", "120.0 min", "2.0 h",
-                                                                      "99.7 h"]

@@ -3,8 +3,11 @@ parent/child MLflow runs, table and plot artifacts, the registered best encoder 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,17 +197,20 @@ def _artifacts(run_id: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def rho_sweep_run(workdir, ray_session) -> tuple[SweepResult, list[str]]:
+def rho_sweep_run(workdir, ray_session) -> tuple[SweepResult, list[str], str]:
     """The rho_ablation preset on two of its rho values (the preset's four are checked where it is parsed), run as
-    ``ropim sweep`` runs it; with the sweep names of every SweepConfig.validate call in this process meanwhile."""
-    validated, validate = [], SweepConfig.validate
+    ``ropim sweep`` runs it; with the sweep names of every SweepConfig.validate call in this process meanwhile, and
+    what it printed."""
+    validated, validate, printed = [], SweepConfig.validate, io.StringIO()
     parser = sweep_parser()
     argv = ["--preset", "rho_ablation", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY, "--epochs", "2",
             "--base_lr", "0.064", "--name", "rho"]
     ns = parser.instantiate(parser.parse_args(argv))
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
         mp.setattr(SweepConfig, "validate", lambda self: validated.append(self.name) or validate(self))
-        return run_sweep_command(ns), validated
+        result = run_sweep_command(ns)
+    print(printed.getvalue())  # shown where the test fails
+    return result, validated, printed.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +221,9 @@ def rho_sweep(rho_sweep_run) -> SweepResult:
 def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep, rho_sweep_run):
     r = rho_sweep
     assert rho_sweep_run[1] == ["rho"]  # the pre-flight validated the sweep; the driver ran it without again
+    ended = [line for line in rho_sweep_run[2].splitlines() if re.match(r"\[sweep\] rho: trial \S+ ended", line)]
+    assert len(ended) == 2 and re.search(r"; about \d+\.\d min left$", ended[0]) and "left" not in ended[1], ended
+    assert "Configuration for experiment" not in rho_sweep_run[2] and "tensorboard" not in rho_sweep_run[2]  # Tune's
     assert r.complete and sorted(row["rho"] for row in r.rows) == SWEPT
     assert all(row["status"] == "finished" and row["seed"] == 0 and row["epochs_run"] == 2 for row in r.rows)
     assert all(0 < row["knn_top1"] <= 100 for row in r.rows)
