@@ -22,6 +22,7 @@ from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
 from ropim.train.checkpoint import ROOM, NoRoom, full
+from ropim.train.commit_poll import quick_commits
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_records
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
@@ -118,10 +119,10 @@ class RayWorker:
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage and deleted. By default this
-        returns once Ray Train has committed it (registered as the run's latest: ``ray.train.report`` returns after
-        the upload, the controller registers it up to a poll, ~2 s, later), so a worker lost afterwards loses at most
-        the epochs since. With ``background``, Ray uploads it while training goes on; a worker lost before Ray
-        registers it restarts the run one checkpoint further back (``store.log_epochs`` records no epoch twice)."""
+        returns once Ray Train has committed it (``ray.train.report`` returns after the upload, the controller
+        registers it a poll later: ``ropim.train.commit_poll``), so a worker lost afterwards loses at most the epochs
+        since. With ``background``, Ray uploads it while training goes on; a worker lost before Ray registers it
+        restarts the run one checkpoint further back (``store.log_epochs`` records no epoch twice)."""
         import ray.train
 
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
@@ -255,7 +256,8 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
 
             loop_config = {**loop_config, "listings": ray.put(listed)}
         try:
-            result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
+            with quick_commits(job.num_workers):
+                result = fit_trainer(torch_trainer(fn, loop_config, job, **trainer_kwargs))
         except Exception as err:
             bad = input_error(err) or worker_cause(err, lambda e: isinstance(e, TrackingError))
             if bad is None:
