@@ -76,8 +76,8 @@ class SweepProgress(Callback):
         any epoch ended."""
         if self.ran[1]:
             return self.ran[0] / self.ran[1]
-        so_far = [(now - t0, (t.last_result or {}).get("epoch", 0) - e0) for t in running
-                  for t0, e0 in [self.begun.get(t.trial_id, (now, 0))]]
+        so_far = [(now - self.begun[t.trial_id][0], (t.last_result or {}).get("epoch", 0) - self.begun[t.trial_id][1])
+                  for t in running if t.trial_id in self.begun]  # a trial started in this process
         epochs = sum(e for _, e in so_far if e > 0)
         return sum(s for s, e in so_far if e > 0) / epochs if epochs else None
 
