@@ -102,3 +102,21 @@ def test_an_asha_sweep_says_its_time_left_holds_if_no_trial_is_stopped_early(cap
     b.status, b.last_result, clock[0] = "RUNNING", {"epoch": 1}, 840.0  # 600 s an epoch: 7 × 600 s to go
     progress.on_step_end(iteration=4, trials=[a, b])
     assert capsys.readouterr().out.splitlines()[-1].endswith("; about 70.0 min left if no trial is stopped early")
+
+
+def test_a_trial_running_before_this_process_started_does_not_set_the_pace(capsys, monkeypatch):
+    """A restored sweep's callback knows when its own trials started; one it did not see start (its epochs trained
+    elsewhere) would read as epochs taking no time."""
+    cfg = SweepConfig(name="r", search="grid", space={"rho": {"grid": [0.07, 0.14]}},
+                      pretrain={**PretrainConfig().to_dict(), "epochs": 8})
+    clock = [0.0]
+    monkeypatch.setattr("tune.progress.time.monotonic", lambda: clock[0])
+    progress = SweepProgress(cfg, slots=2, every_s=600)
+    a = trial("t_00000", "PENDING", 0.07)
+    c = trial("t_00001", "RUNNING", 0.14, epoch=4)  # never started here
+    progress.on_trial_start(iteration=1, trials=[a, c], trial=a)
+    a.status, a.last_result, clock[0] = "RUNNING", {"epoch": 2}, 600.0  # 300 s an epoch
+    capsys.readouterr()
+    progress.on_step_end(iteration=2, trials=[a, c])
+    # a: 8 × 300 − 600 = 1,800 s; c: 4 epochs to go, 1,200 s (with c's 4 epochs in 0 s the pace would be 150 s)
+    assert capsys.readouterr().out.endswith("; 2 running; about 30.0 min left\n")
