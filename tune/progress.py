@@ -31,6 +31,11 @@ def time_left(running: list[float], pending: list[float], slots: int) -> float:
     return max(free, default=0.0)
 
 
+def epoch_of(trial) -> int:
+    """The last epoch ``trial`` reported (0 before its first)."""
+    return (trial.last_result or {}).get("epoch", 0)
+
+
 class SweepProgress(Callback):
     """Tune callback: the sweep's ``[sweep]`` lines (see the module)."""
 
@@ -52,11 +57,12 @@ class SweepProgress(Callback):
         """One line: ``what``, then how many trials are in each state (``trial`` counted as ``now``: Tune calls back
         before it sets the new status; those Tune has not made yet are pending), the best score so far and the time
         left (``left``)."""
-        counts = Counter(now if t is trial else STATES.get(t.status, t.status.lower()) for t in trials)
+        state = {t.trial_id: now if t is trial else STATES.get(t.status, t.status.lower()) for t in trials}
+        counts = Counter(state.values())
         counts["pending"] += max(0, self.total - len(trials))
         present = sorted((s for s in counts if counts[s]), key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER))
-        states = ", ".join(f"{counts[state]} {state}" for state in present)
-        print(f"[sweep] {self.name}: {what}; {states}{self.best(trials)}{self.left(trials, trial, now)}", flush=True)
+        states = ", ".join(f"{counts[s]} {s}" for s in present)
+        print(f"[sweep] {self.name}: {what}; {states}{self.best(trials)}{self.left(trials, state)}", flush=True)
         self.shown = time.monotonic()
 
     def best(self, trials: list) -> str:
@@ -72,48 +78,49 @@ class SweepProgress(Callback):
 
     def per_epoch(self, running: list, now: float) -> float | None:
         """Seconds a trial takes per epoch: of the trials that ended at their last epoch in this process (start-up,
-        evaluations, a fine-tune after it included), else of the ``running`` trials' epochs so far; None before
-        any epoch ended."""
+        evaluations, a fine-tune after it included), else of the ``running`` trials' epochs so far (those started
+        in this process); None before any epoch ended."""
         if self.ran[1]:
             return self.ran[0] / self.ran[1]
-        so_far = [(now - self.begun[t.trial_id][0], (t.last_result or {}).get("epoch", 0) - self.begun[t.trial_id][1])
-                  for t in running if t.trial_id in self.begun]  # a trial started in this process
+        so_far = [(now - self.begun[t.trial_id][0], epoch_of(t) - self.begun[t.trial_id][1])
+                  for t in running if t.trial_id in self.begun]
         epochs = sum(e for _, e in so_far if e > 0)
         return sum(s for s, e in so_far if e > 0) / epochs if epochs else None
 
-    def left(self, trials: list, trial=None, now: str = "") -> str:
+    def left(self, trials: list, state: dict[str, str]) -> str:
         """``; about … left``: the running trials' epochs to go and the pending trials' (those Tune has not made
         yet: as many epochs as the made ones' mean) at ``per_epoch``, on ``slots`` trial places; "" before any
-        epoch ended, and once no trial is left."""
-        state = {t.trial_id: now if t is trial else STATES.get(t.status, t.status.lower()) for t in trials}
+        epoch ended, and once no trial is left. ``state``: each trial's, as the line counts it."""
         running = [t for t in trials if state[t.trial_id] == "running"]
         clock = time.monotonic()
         per_epoch = self.per_epoch(running, clock)
         if per_epoch is None:
             return ""
-        to_go = [max(0.0, (self.epochs(t) - e0) * per_epoch - (clock - t0)) for t in running
-                 for t0, e0 in [self.begun.get(t.trial_id, (clock, (t.last_result or {}).get("epoch", 0)))]]
-        pending = [self.epochs(t) * per_epoch for t in trials if state[t.trial_id] == "pending"]
-        made = [self.epochs(t) for t in trials] or [self.pretrain["epochs"]]
-        pending += [sum(made) / len(made) * per_epoch] * max(0, self.total - len(trials))
+        planned = {t.trial_id: self.epochs(t) for t in trials}
+        # a running trial not started here (its start unknown): its epochs to go from where it is now
+        begun = {t.trial_id: self.begun.get(t.trial_id, (clock, epoch_of(t))) for t in running}
+        to_go = [max(0.0, (planned[t.trial_id] - begun[t.trial_id][1]) * per_epoch - (clock - begun[t.trial_id][0]))
+                 for t in running]
+        pending = [planned[t.trial_id] * per_epoch for t in trials if state[t.trial_id] == "pending"]
+        mean = sum(planned.values()) / len(planned) if planned else self.pretrain["epochs"]
+        pending += [mean * per_epoch] * max(0, self.total - len(trials))
         if not to_go and not pending:
             return ""
         seconds = time_left(to_go, pending, self.slots)
         return f"; about {eta_text(seconds)} left" + (" if no trial is stopped early" if self.early else "")
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.begun[trial.trial_id] = (time.monotonic(), (trial.last_result or {}).get("epoch", 0))
+        self.begun[trial.trial_id] = (time.monotonic(), epoch_of(trial))
         knobs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in trial.config.items())
         self.say(trials, f"trial {trial.trial_id} started ({knobs})", trial, "running")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        result, epochs = trial.last_result or {}, self.epochs(trial)
+        result, reached, epochs = trial.last_result or {}, epoch_of(trial), self.epochs(trial)
         t0, e0 = self.begun.pop(trial.trial_id, (None, 0))
-        if t0 is not None and result.get("epoch", 0) == epochs > e0:  # its whole cost: every epoch it had left
+        if t0 is not None and reached == epochs > e0:  # its whole cost: every epoch it had left
             self.ran = [self.ran[0] + time.monotonic() - t0, self.ran[1] + epochs - e0]
         score = f", {self.metric} {result[self.metric]:.2f}" if self.metric in result else ""
-        self.say(trials, f"trial {trial.trial_id} ended at epoch {result.get('epoch', 0)}/{epochs}{score}", trial,
-                 "ended")
+        self.say(trials, f"trial {trial.trial_id} ended at epoch {reached}/{epochs}{score}", trial, "ended")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.begun.pop(trial.trial_id, None)
