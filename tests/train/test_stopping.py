@@ -10,27 +10,44 @@ import textwrap
 
 import pytest
 
-# a job's driver as the command line runs it: the stop handlers installed, a Ray session opened and shut down. A
-# watcher reads the kernel's view (Python's signal.getsignal cannot see it: Ray's C++ code changes the disposition):
-# once Ray's shutdown has left SIGTERM to the default action and the handler is back, it sends SIGTERM to the process
+# a job's driver as the command line runs it: the stop handlers installed, a Ray session opened and shut down. Ray's
+# shutdown leaves SIGTERM to the default action, then stops the local cluster's processes: the first of those stops
+# waits here until a watcher has sent SIGTERM, once the handler is back. The watcher reads the kernel's view (Python's
+# signal.getsignal cannot see it: Ray's C++ code changes the disposition). Waiting on the shutdown's own step, not on
+# a sight of the short default window, keeps a busy machine from hiding the window from the watcher
 DRIVER = textwrap.dedent("""
-    import os, signal, sys, threading, time
+    import os, signal, subprocess, sys, threading, time
     import ray
     from ropim.tracking.signals import STOP
     from ropim.train.runtime import ray_session
+
+    stopping, sent = threading.Event(), threading.Event()
+    terminate = subprocess.Popen.terminate
+
+    def held_terminate(process):
+        if threading.current_thread().name == "ropim-shutdown" and not stopping.is_set():
+            stopping.set()
+            sent.wait(30)
+        terminate(process)
+
+    subprocess.Popen.terminate = held_terminate
 
     def killed_by_sigterm():
         caught = next(line for line in open("/proc/self/status") if line.startswith("SigCgt:"))
         return not int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1
 
     def stop_inside_the_shutdown():
-        while not killed_by_sigterm():
+        stopping.wait()
+        deadline = time.monotonic() + 20
+        while killed_by_sigterm() and time.monotonic() < deadline:
             time.sleep(0.001)
-        while killed_by_sigterm():
-            time.sleep(0.001)
-        inside = any(t.name == "ropim-shutdown" for t in threading.enumerate())
-        print(f"sent inside the shutdown: {inside}", flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if killed_by_sigterm():
+            print("the handler did not come back", flush=True)
+        else:
+            inside = any(t.name == "ropim-shutdown" for t in threading.enumerate())
+            print(f"sent inside the shutdown: {inside}", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        sent.set()
 
     STOP.install()
     try:
@@ -48,8 +65,8 @@ DRIVER = textwrap.dedent("""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the signal dispositions from /proc")
 def test_a_sigterm_inside_ray_shutdown_stops_the_job_once_ray_is_down(tmp_path):
     job = subprocess.run([sys.executable, "-c", DRIVER], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    # before: the handler never came back (the watcher waited on), the session ended with SIGTERM to the default
-    # action: "not stopped, SIGTERM to the default action: True", and a SIGTERM then killed the job (-15, run RUNNING)
+    # before: the handler never came back ("the handler did not come back", "not stopped, SIGTERM to the default
+    # action: True"), and a SIGTERM then killed the job (-15, its run left RUNNING)
     assert job.stdout.splitlines() == [
         "sent inside the shutdown: True",
         "stopped by SIGTERM, Ray up: False, SIGTERM to the default action: False",
