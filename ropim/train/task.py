@@ -5,6 +5,7 @@ process, ``ropim.train.runtime``), and the ``Task`` a job supplies (a base class
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class Task(ABC):
         self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
         self.memory_shown = False  # the epoch line said what a worker needs in memory
+        self.first_line: tuple[int, float] | None = None  # rank 0: this process's first epoch line (epoch, its time)
         self.unsent: list[dict] = []  # rank 0: epoch records the tracking store has not taken yet (``record``)
         self.asked: tuple[int, bool] = (0, True)  # rank 0: the last epoch end that asked the store, and its answer
 
@@ -164,9 +166,15 @@ class Task(ABC):
 
     def log_epoch(self, metrics: dict, *shown: str) -> None:
         """Rank 0's line of an epoch: ``[kind] epoch e/n``, what the job shows of it (``shown``), speed and ETA; the
-        job's first also what a worker needs in memory (the largest worker's peak resident memory so far)."""
-        cfg, epoch = self.cfg, metrics["epoch"]
-        left = eta_text((cfg.epochs - epoch) * metrics["epoch_time_s"])
+        job's first also what a worker needs in memory (the largest worker's peak resident memory so far). The ETA
+        is the epochs left × the mean time from one epoch line to the next in this process, so that evaluations,
+        checkpoints and pictures count (the process's first line: its epoch's training time)."""
+        cfg, epoch, now = self.cfg, metrics["epoch"], time.monotonic()
+        if self.first_line is None:
+            self.first_line = (epoch, now)
+        first, at = self.first_line
+        per_epoch = (now - at) / (epoch - first) if epoch > first else metrics["epoch_time_s"]
+        left = eta_text((cfg.epochs - epoch) * per_epoch)
         memory = "" if self.memory_shown else f", peak RSS per worker {metrics['peak_rss_mb'] / 1024:.2f} GiB"
         self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
