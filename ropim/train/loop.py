@@ -181,8 +181,16 @@ class Loop:
         return None
 
     def progress(self, epoch: int, loss: torch.Tensor, tally: EpochTally, t0: float) -> None:
+        """Rank 0's step line. Its ETA: this epoch's steps left at this epoch's rate, then the later epochs at the
+        task's measured time from one epoch line to the next (before it has one, at this epoch's rate too), as the
+        epoch lines say it."""
         rate = tally.images * self.worker.world / (time.perf_counter() - t0)
-        eta = eta_text((self.total_steps - self.step) * self.cfg.batch / rate)
+        period = self.task.epoch_period
+        if period is None:
+            left = (self.total_steps - self.step) * self.cfg.batch / rate
+        else:
+            left = (self.steps - tally.steps) * self.cfg.batch / rate + (self.cfg.epochs - epoch - 1) * period
+        eta = eta_text(left)
         # logging, not print: Ray Train's print patch would echo each line twice
         log.info(f"[{self.cfg.kind}] epoch {epoch + 1}/{self.cfg.epochs} step {self.step}/{self.total_steps} "
                  f"loss {loss.item():.4f} lr {self.lr:.2e} {rate:.1f} img/s ETA {eta}")

@@ -71,7 +71,8 @@ class Task(ABC):
         self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
         self.memory_shown = False  # the epoch line said what a worker needs in memory
-        self.first_line: tuple[int, float] | None = None  # rank 0: this process's first epoch line (epoch, its time)
+        self.first_epoch_line: tuple[int, float] | None = None  # rank 0: this process's first (epoch, time)
+        self.epoch_period: float | None = None  # rank 0: mean seconds from one epoch line to the next in this process
         self.unsent: list[dict] = []  # rank 0: epoch records the tracking store has not taken yet (``record``)
         self.asked: tuple[int, bool] = (0, True)  # rank 0: the last epoch end that asked the store, and its answer
 
@@ -170,11 +171,12 @@ class Task(ABC):
         is the epochs left × the mean time from one epoch line to the next in this process, so that evaluations,
         checkpoints and pictures count (the process's first line: its epoch's training time)."""
         cfg, epoch, now = self.cfg, metrics["epoch"], time.monotonic()
-        if self.first_line is None:
-            self.first_line = (epoch, now)
-        first, at = self.first_line
-        per_epoch = (now - at) / (epoch - first) if epoch > first else metrics["epoch_time_s"]
-        left = eta_text((cfg.epochs - epoch) * per_epoch)
+        if self.first_epoch_line is None:
+            self.first_epoch_line = (epoch, now)
+        first, at = self.first_epoch_line
+        if epoch > first:
+            self.epoch_period = (now - at) / (epoch - first)
+        left = eta_text((cfg.epochs - epoch) * (self.epoch_period or metrics["epoch_time_s"]))
         memory = "" if self.memory_shown else f", peak RSS per worker {metrics['peak_rss_mb'] / 1024:.2f} GiB"
         self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "

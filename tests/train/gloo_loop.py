@@ -25,10 +25,10 @@ class ToyJob(JobConfig):
     accum_steps: int = 2
 
 
-def toy_loop_config(epochs: int = 2, global_batch_size: int = 4) -> ToyJob:
+def toy_loop_config(epochs: int = 2, global_batch_size: int = 4, log_every: int = 100) -> ToyJob:
     """Plain SGD-like settings: fp32, no warm-up, 2 micro batches per step, an evaluation every epoch."""
     return ToyJob(epochs=epochs, global_batch_size=global_batch_size, min_lr=0.1, warmup_epochs=0, eval_every=1,
-                  log_every=100)
+                  log_every=log_every)
 
 
 class ToyTask:
@@ -36,6 +36,7 @@ class ToyTask:
     its data lists ``listed`` steps (as Ray Data's equal split does before bad images are skipped)."""
 
     loss_name = "loss"
+    epoch_period: float | None = None  # what the Task base measures between epoch lines (the step lines' ETA)
 
     def __init__(self, batches: dict[int, int], listed: int, run_dir: str, fail_at: int | None = None) -> None:
         self.batches, self.listed, self.run_dir, self.fail_at = batches, listed, run_dir, fail_at

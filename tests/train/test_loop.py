@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pytest
+from gloo_loop import ToyTask, toy_loop_config
 from support import encoder_folder, tiny_finetune, tiny_pretrain
 
 from ropim.tracking import store
@@ -113,3 +115,14 @@ def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir):
     assert [m.step for m in c.get_metric_history(resumed.run_id, "train_loss")] == [1, 2]
     with pytest.raises(Exception, match="already exists .* different config .*base_lr"):
         run(dataclasses.replace(cfg, run_name="ft-resume", base_lr=0.5))
+
+
+def test_step_lines_count_the_later_epochs_at_the_measured_epoch_period(tmp_path, caplog):
+    # the epoch lines measured an hour from one to the next: the step lines of epoch 1 of 3 have two such to go,
+    # those of the last epoch only its own steps (before, the run's steps left at this epoch's rate: seconds)
+    task = ToyTask({0: 4}, 2, str(tmp_path))
+    task.epoch_period = 3600.0
+    with caplog.at_level(logging.INFO, logger="ropim.train"):
+        loop.Loop(task, toy_loop_config(epochs=3, log_every=1), LocalWorker(tmp_path, 1)).run()
+    etas = [r.getMessage().rsplit(" ETA ", 1)[1] for r in caplog.records if " step " in r.getMessage()]
+    assert etas[:2] == ["2.0 h", "2.0 h"] and etas[-1] == "0.0 min", etas

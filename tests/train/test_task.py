@@ -1,5 +1,5 @@
 """The Task base (``ropim.train.task``): the epoch line's ETA counts what happens between epochs (evaluations,
-checkpoints, pictures), not only the epoch's training time."""
+checkpoints, pictures), not only the epoch's training time; the measured period is what the step lines use."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ class LineTask(Task):
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}")
 
 
-def etas(monkeypatch, caplog, lines: list[tuple[int, float]]) -> list[str]:
+def etas(monkeypatch, caplog, lines: list[tuple[int, float]]) -> tuple[list[str], float | None]:
     """The ETAs a 300-epoch job's lines say, each line (epoch, its time on the clock) of an epoch that trained in
-    60 s."""
+    60 s; and the epoch period the task then hands the loop's step lines."""
     task = LineTask({"cfg": ToyJob(epochs=300).to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
                     worker=None)
     clock = iter(at for _, at in lines)
@@ -40,15 +40,15 @@ def etas(monkeypatch, caplog, lines: list[tuple[int, float]]) -> list[str]:
         for epoch, _ in lines:
             task.epoch_end(None, {"epoch": epoch, "loss": 1.0, "img_per_s": 10.0, "epoch_time_s": 60.0,
                                   "peak_rss_mb": 1024})
-    return [r.getMessage().split(" ETA ")[1].split(",")[0] for r in caplog.records]
+    return [r.getMessage().split(" ETA ")[1].split(",")[0] for r in caplog.records], task.epoch_period
 
 
 def test_the_eta_counts_the_time_between_epoch_lines(monkeypatch, caplog):
     # 60 s of training, then 30 s of evaluation and checkpoint each epoch: 90 s from line to line
-    assert etas(monkeypatch, caplog, [(1, 1000.0), (2, 1090.0), (3, 1180.0)]) == ["5.0 h", "7.5 h", "7.4 h"]
+    assert etas(monkeypatch, caplog, [(1, 1000.0), (2, 1090.0), (3, 1180.0)]) == (["5.0 h", "7.5 h", "7.4 h"], 90.0)
 
 
 def test_a_resumed_process_measures_from_its_own_first_line(monkeypatch, caplog):
     # resumed at epoch 100: the first line has only its training time; then 120 s from line to line
-    assert etas(monkeypatch, caplog, [(101, 5.0), (102, 125.0), (103, 245.0)]) == ["3.3 h", "6.6 h", "6.6 h"]
+    assert etas(monkeypatch, caplog, [(101, 5.0), (102, 125.0), (103, 245.0)]) == (["3.3 h", "6.6 h", "6.6 h"], 120.0)
 
