@@ -17,7 +17,8 @@ replaced, so every other line (and every warning and error about the job) passes
 - MLflow: loggers at WARNING, no artifact progress bars. The lines its registry prints on every new version are
   muted where ropim registers one (``ropim.tracking.registry``), which prints the registered URI itself.
 
-The progress lines say the time left one way, ``eta_text``.
+The progress lines say the time left one way, ``eta_text``; work without steps of its own (an evaluation, a feature
+extraction) says its progress through ``Pace``.
 
 The logger names and messages are Ray 2.60's (pinned); tests/test_console.py checks that they still exist there.
 """
@@ -29,6 +30,7 @@ import os
 import re
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -78,6 +80,27 @@ SKIPPED_LINES = (r"core_worker\.cc:\d+: Actor with class name: 'PreemptionWatche
 def eta_text(seconds: float) -> str:
     """Time left, as a progress line says it: minutes up to 2 hours, then hours (a 300-epoch run's ETA in hours)."""
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+class Pace:
+    """Progress of long work without steps of its own, as a callback handed the items each piece finished: one line
+    through ``say`` per ``every`` seconds (``{what}: done/total images, rate, ETA``); work shorter than that says
+    nothing."""
+
+    def __init__(self, what: str, total: int, say: Callable[[str], object], every: float = 30.0) -> None:
+        self.what, self.total, self.say, self.every = what, total, say, every
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, finished: int) -> None:
+        self.done += finished
+        now = time.monotonic()
+        if now - self.last < self.every or self.done >= self.total:
+            return
+        self.last = now
+        rate = self.done / (now - self.start)
+        self.say(f"{self.what}: {self.done}/{self.total} images {rate:.1f} img/s ETA "
+                 f"{eta_text((self.total - self.done) / rate)}")
 
 
 class DropRecords(logging.Filter):

@@ -286,3 +286,14 @@ def test_the_eta_reads_in_hours_for_a_long_run():
     # a 300-epoch ViT-B run at 20 min an epoch printed "ETA 5980.0 min"
     assert [console.eta_text(s) for s in (0, 90, 7199, 7200, 299 * 1200)] == ["0.0 min", "1.5 min", "120.0 min",
                                                                               "2.0 h", "99.7 h"]
+
+
+def test_pace_says_long_work_once_a_period_and_short_work_not(monkeypatch):
+    clock = iter([0.0, 10.0, 31.0, 40.0, 62.0, 70.0])  # the start, then each piece's end
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    said = []
+    pace = console.Pace("[segment] epoch 3 val, rank 0's share", 250, said.append)
+    for _ in range(5):
+        pace(50)  # the last piece (250/250) ends the work: nothing more to say
+    assert said == ["[segment] epoch 3 val, rank 0's share: 100/250 images 3.2 img/s ETA 0.8 min",
+                    "[segment] epoch 3 val, rank 0's share: 200/250 images 3.2 img/s ETA 0.3 min"]

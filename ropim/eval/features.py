@@ -16,10 +16,12 @@ class Cancelled(Exception):
 def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int = 256,
                      device: torch.device | str | None = None,
                      num_workers: int = 0,
-                     cancelled: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     cancelled: Callable[[], bool] | None = None,
+                     progress: Callable[[int], object] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled features (N, D) and labels (N,) of ``dataset`` under ``encoder`` in eval mode (returned on CPU);
     images go to ``device`` (default: where the encoder's weights are). The encoder's train/eval mode is restored.
-    ``cancelled`` is asked before each batch: True raises ``Cancelled`` (a job stopped while this ran beside it)."""
+    ``cancelled`` is asked before each batch: True raises ``Cancelled`` (a job stopped while this ran beside it);
+    ``progress`` is handed each batch's image count once it is done."""
     device = device or next(encoder.parameters()).device
     was_training = encoder.training
     encoder.eval()
@@ -33,6 +35,8 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
             f = encoder.forward_head(encoder.forward_features(x.to(device)), pre_logits=True)
             feats.append(f.float().cpu())
             labels.append(torch.as_tensor(y))
+            if progress is not None:
+                progress(len(y))
     finally:
         encoder.train(was_training)
     features = torch.cat(feats)

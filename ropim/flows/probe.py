@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ropim.checks import check_encoder_input
-from ropim.console import ensure_logging
+from ropim.console import Pace, ensure_logging
 from ropim.data.config import DataConfig
 from ropim.data.datasets import ImageArrayDataset, ImageListDataset, eval_splits
 from ropim.eval.features import extract_features
@@ -76,8 +76,9 @@ def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: Da
     t0 = time.perf_counter()
     feats = {}
     for split, ds in (("train", train_set), ("val", val_set)):
-        feats[f"{split}_x"], feats[f"{split}_y"] = extract_features(encoder, ds, cfg.batch_size, device,
-                                                                    cfg.dataloader_workers)
+        feats[f"{split}_x"], feats[f"{split}_y"] = extract_features(
+            encoder, ds, cfg.batch_size, device, cfg.dataloader_workers,
+            progress=Pace(f"[probe] {split} features", len(ds), log.info))
     n = len(feats["train_x"]) + len(feats["val_x"])
     log.info(f"[probe] features of {n} images in {time.perf_counter() - t0:.1f} s "
              f"({n / (time.perf_counter() - t0):.0f} img/s)")

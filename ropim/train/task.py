@@ -15,7 +15,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ropim.console import eta_text
+from ropim.console import Pace, eta_text
 from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates
@@ -181,6 +181,13 @@ class Task(ABC):
         self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
                  f"{metrics['epoch_time_s']:.1f} s ETA {left}{memory}")
+
+    def eval_pace(self, epoch: int, share: int) -> Pace | None:
+        """Rank 0: the progress of epoch ``epoch``'s val evaluation over its ``share`` of the images (each worker
+        evaluates one), a line every 30 s of a long one; None on the other ranks."""
+        if self.worker.rank != 0:
+            return None
+        return Pace(f"[{self.cfg.kind}] epoch {epoch} val, rank 0's share", share, log.info)
 
     def sharded(self, dataset, micro_batch: int,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:

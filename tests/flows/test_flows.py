@@ -3,9 +3,11 @@ cached) and `ropim transfer` (one table over encoders, preflight before any run)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 from PIL import Image
 from support import encoder_folder, register_tiny_encoder
 
+from ropim.console import Pace
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.errors import ConfigError
 from ropim.flows import probe as probe_flow
@@ -29,11 +32,13 @@ def encoder(workdir):
     return register_tiny_encoder(workdir)
 
 
-def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog):
+def test_probe_at_another_resolution_logs_and_tags(workdir, encoder, caplog, monkeypatch):
     uri, _ = encoder
+    monkeypatch.setattr(probe_flow, "Pace", functools.partial(Pace, every=0.0))  # a progress line per batch
     with caplog.at_level(logging.INFO, logger="ropim"):
         res = probe(ProbeConfig(encoder=uri, img_size=48, cache_dir=str(workdir / "feats"), linear_max_iter=200))
     assert "from a 8x8 to a 12x12 grid" in caplog.text
+    assert re.search(r"\[probe\] train features: 256/1438 images [\d.]+ img/s ETA", caplog.text)  # 256 a batch
     assert res["linear"]["top1"] > 25 and res["knn"]["top1"] > 25  # 10 classes: chance is 10
     c = store.client()
     tags = c.get_model_version("ropim-encoder", "1").tags

@@ -5,6 +5,7 @@ gradient accumulation keeps the step count; a finished run is reported, not trai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 from gloo_loop import ToyTask, toy_loop_config
 from support import encoder_folder, tiny_finetune, tiny_pretrain
 
+from ropim.console import Pace
 from ropim.tracking import store
 from ropim.train import loop
+from ropim.train import task as task_module
 from ropim.train.driver import run
 from ropim.train.jobs import JOBS, resume_config
 from ropim.train.runtime import LocalWorker
@@ -94,10 +97,14 @@ def test_gradient_accumulation_keeps_steps_and_images(workdir):
     assert result.metrics["step"] == 2 and result.metrics["epoch"] == 1  # 2 optimizer steps of 2 micro batches
 
 
-def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir):
+def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir, monkeypatch, caplog):
     enc = str(encoder_folder(workdir / "enc"))
     cfg = tiny_finetune(enc, num_workers=0, registered_model="")
-    straight = run(dataclasses.replace(cfg, run_name="ft-straight"))
+    monkeypatch.setattr(task_module, "Pace", functools.partial(Pace, every=0.0))  # a progress line per val batch
+    with caplog.at_level(logging.INFO, logger="ropim.train"):
+        straight = run(dataclasses.replace(cfg, run_name="ft-straight"))
+    paced = [r.getMessage() for r in caplog.records if " val, rank 0's share: " in r.getMessage()]
+    assert paced[0].startswith("[finetune] epoch 1 val, rank 0's share: 64/359 images "), paced  # digits' val split
     first = run(dataclasses.replace(cfg, run_name="ft-resume", stop_after_epochs=1))
     c = store.client()
     assert first.metrics["epoch"] == 1 and first.metrics["step"] == 2

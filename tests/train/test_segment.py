@@ -4,8 +4,11 @@ in a fresh process with identical outputs; the built-in digits in this process w
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +19,12 @@ import torch
 from safetensors.torch import load_file
 from support import encoder_folder, run_cli, write_ade20k
 
+from ropim.console import Pace
 from ropim.core.config import ModelConfig
 from ropim.core.upernet import build_segmenter
 from ropim.data.config import SegDataConfig
 from ropim.tracking import registry, store
+from ropim.train import task as task_module
 from ropim.train.driver import run
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.segment.config import SegmentConfig
@@ -113,12 +118,17 @@ def test_models_list_and_show_the_segmenter_with_its_lineage(ray_segment, workdi
     assert "segmentations: seg-ray" in encoder_card and "segmentation mIoU on ade" in encoder_card
 
 
-def test_digits_in_this_process_follow_warm_up_then_poly_decay(workdir, encoder):
+def test_digits_in_this_process_follow_warm_up_then_poly_decay(workdir, encoder, monkeypatch, caplog):
+    monkeypatch.setattr(task_module, "Pace", functools.partial(Pace, every=0.0))  # a progress line per image
     cfg = SegmentConfig(encoder="enc", data=SegDataConfig(canvases=20, canvas_size=32), crop_size=32, epochs=4,
                         batch_size=2, max_steps_per_epoch=2, warmup_epochs=0, lr=1e-3, channels=8, aux_channels=8,
                         num_workers=0, viz_images=0, registered_model="", run_name="seg-digits")
-    result = run(cfg)
+    with caplog.at_level(logging.INFO, logger="ropim.train"):
+        result = run(cfg)
     assert result.metrics["epoch"] == 4 and 0 <= result.metrics["miou"] <= 100 and result.model_uri is None
+    paced = [r.getMessage() for r in caplog.records if " val, rank 0's share: " in r.getMessage()]
+    assert paced and all(re.fullmatch(r"\[segment\] epoch [1-4] val, rank 0's share: \d+/\d+ images [\d.]+ img/s "
+                                      r"ETA [\d.]+ min", line) for line in paced), paced
     lr = [m.value for m in sorted(store.client().get_metric_history(result.run_id, "lr"), key=lambda m: m.step)]
     assert lr == pytest.approx([7.5e-4, 5e-4, 2.5e-4, 0.0])  # linear to 0 over the 8 steps (poly, power 1)
     again = run(cfg)  # a finished run is reported, not trained again

@@ -7,6 +7,8 @@ confusion matrix, sharded over the workers; the last one is kept for ``register.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from PIL import Image, ImageOps
 from timm.data import Mixup, create_transform
@@ -49,8 +51,10 @@ def train_transform(cfg: FinetuneConfig, img_size: int):
 
 @torch.no_grad()
 def evaluate_counts(model: torch.nn.Module, loader: DataLoader, n_classes: int, device: torch.device,
-                    amp_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """([top-1 hits, top-5 hits, n], confusion (K, K)) of ``model`` on ``loader``."""
+                    amp_dtype: torch.dtype | None = None,
+                    progress: Callable[[int], object] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([top-1 hits, top-5 hits, n], confusion (K, K)) of ``model`` on ``loader``; ``progress`` is handed each
+    batch's image count once it is done."""
     was_training = model.training
     model.eval()
     counts, conf = torch.zeros(3, dtype=torch.long), torch.zeros(n_classes, n_classes, dtype=torch.long)
@@ -60,6 +64,8 @@ def evaluate_counts(model: torch.nn.Module, loader: DataLoader, n_classes: int, 
         h1, h5 = topk_hits(logits, y)
         counts += torch.tensor([h1, h5, len(y)])
         conf += confusion_matrix(logits.argmax(1), y, n_classes)
+        if progress is not None:
+            progress(len(y))
     model.train(was_training)
     return counts, conf
 
@@ -105,7 +111,8 @@ class FinetuneTask(EncoderTask):
 
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         n_classes = len(self.classes)
-        counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device, self.amp_dtype)
+        counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device, self.amp_dtype,
+                                       self.eval_pace(epoch, len(self.val_loader.dataset)))
         gathered = self.worker.gather(torch.cat([counts, conf.flatten()]).double()).sum(0).long()
         counts, conf = gathered[:3], gathered[3:].reshape(n_classes, n_classes)
         metrics = {"top1": 100 * counts[0].item() / counts[2].item(), "top5": 100 * counts[1].item() / counts[2].item()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
 import torch
 from timm.optim import create_optimizer_v2
@@ -34,8 +35,10 @@ def metric_name(name: str) -> str:
 
 @torch.no_grad()
 def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentConfig, num_classes: int,
-                       device: torch.device, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The (K, K) pixel confusion matrix of ``model`` over the pairs ``indices`` of ``dataset`` (eval transform)."""
+                       device: torch.device, amp_dtype: torch.dtype | None = None,
+                       progress: Callable[[int], object] | None = None) -> torch.Tensor:
+    """The (K, K) pixel confusion matrix of ``model`` over the pairs ``indices`` of ``dataset`` (eval transform);
+    ``progress`` is handed 1 as each image is done."""
     was_training = model.training
     model.eval()
     conf = torch.zeros(num_classes, num_classes, dtype=torch.long)
@@ -45,6 +48,8 @@ def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentCon
             logits = predict_logits(model, image.to(device), cfg.crop_size, num_classes, cfg.eval_mode,
                                     cfg.eval_stride, out_size=tuple(mask.shape))
         conf += pixel_confusion(logits.argmax(0).cpu(), mask, num_classes)
+        if progress is not None:
+            progress(1)
     model.train(was_training)
     return conf
 
@@ -92,8 +97,9 @@ class SegmentTask(EncoderTask):
 
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         k, w = len(self.classes), self.worker
-        conf = evaluate_confusion(model, self.val_set, range(w.rank, len(self.val_set), w.world), self.cfg, k,
-                                  w.device, self.amp_dtype)
+        share = range(w.rank, len(self.val_set), w.world)
+        conf = evaluate_confusion(model, self.val_set, share, self.cfg, k, w.device, self.amp_dtype,
+                                  self.eval_pace(epoch, len(share)))
         conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
         scores = segmentation_scores(conf)
         per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)
