@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ropim.checks import check_encoder_input
+from ropim.console import Pace
 from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
@@ -108,13 +109,21 @@ def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
 
 
 def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
-                  linear: bool = True, cancelled: Callable[[], bool] | None = None) -> dict[str, float]:
+                  linear: bool = True, cancelled: Callable[[], bool] | None = None,
+                  progress: str | None = None) -> dict[str, float]:
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
-    ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``."""
+    ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
+    With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
+    (``ropim.console.Pace``)."""
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
-    train_x, train_y = extract_features(encoder, train_set, cancelled=cancelled)
-    val_x, val_y = extract_features(encoder, val_set, cancelled=cancelled)
+
+    def features(split: str, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        pace = Pace(f"{progress}, {split} features", len(dataset), log.info) if progress else None
+        return extract_features(encoder, dataset, cancelled=cancelled, progress=pace)
+
+    train_x, train_y = features("train", train_set)
+    val_x, val_y = features("val", val_set)
     if cancelled is not None and cancelled():
         raise Cancelled("evaluation cancelled before its kNN and probe")
     scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}

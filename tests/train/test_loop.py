@@ -16,7 +16,7 @@ from support import encoder_folder, tiny_finetune, tiny_pretrain
 
 from ropim.console import Pace
 from ropim.tracking import store
-from ropim.train import loop
+from ropim.train import downstream, loop
 from ropim.train import task as task_module
 from ropim.train.driver import run
 from ropim.train.jobs import JOBS, resume_config
@@ -95,6 +95,17 @@ def history_run(name: str) -> str:
 def test_gradient_accumulation_keeps_steps_and_images(workdir):
     result = run(tiny_pretrain(run_name="accum", accum_steps=2, num_workers=0, epochs=1, max_steps_per_epoch=2))
     assert result.metrics["step"] == 2 and result.metrics["epoch"] == 1  # 2 optimizer steps of 2 micro batches
+
+
+def test_the_last_epochs_knn_says_its_progress(workdir, monkeypatch, caplog):
+    # the last epoch's kNN runs before the epoch line (a 1.28 M-image feature extraction on ImageNet): with the
+    # period at 0 it speaks after each batch of 256 but the last; epoch 1's, beside training, stays silent
+    monkeypatch.setattr(downstream, "Pace", functools.partial(Pace, every=0.0))
+    with caplog.at_level(logging.INFO, logger="ropim"):
+        run(tiny_pretrain(run_name="knn-pace", num_workers=0, epochs=2, max_steps_per_epoch=1, eval_every=1))
+    paced = [r.getMessage().split(" images ")[0] for r in caplog.records if " features: " in r.getMessage()]
+    assert paced == [f"[pretrain] epoch 2 kNN, train features: {n}/1438" for n in range(256, 1438, 256)] + [
+        "[pretrain] epoch 2 kNN, val features: 256/359"]
 
 
 def test_finetune_stopped_and_resumed_matches_uninterrupted(workdir, monkeypatch, caplog):

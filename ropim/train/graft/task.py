@@ -65,7 +65,8 @@ class GraftTask(EncoderTask):
         if self.worker.rank != 0:
             return {}
         cfg = self.cfg
-        return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe)
+        return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
+                             progress=f"[graft] epoch {epoch} kNN")
 
     def epoch_end(self, model: MoCo, metrics: dict) -> None:
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"momentum {metrics['momentum']:.5f}",
