@@ -1,4 +1,8 @@
-"""Cosine k-nearest-neighbour classification of frozen features (DINO's exp(sim / T) voting). Pure torch."""
+"""Cosine k-nearest-neighbour classification of frozen features (DINO's exp(sim / T) voting). Pure torch.
+
+The train features may be split over several processes: each finds the k nearest of its share
+(``knn_neighbours``), the candidates of all shares are joined, ``nearest`` keeps the k nearest of them, and
+``knn_votes`` counts them; one process holding every train feature gives the same votes (``knn_scores``)."""
 
 from __future__ import annotations
 
@@ -8,18 +12,43 @@ import torch.nn.functional as F
 from ropim.eval.metrics import topk_accuracy
 
 
+def knn_neighbours(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, k: int = 20,
+                   chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine similarities (V, k) of each val feature's k nearest train features, most similar first, and their
+    labels (V, k); fewer than k train features: the missing ones at similarity −inf, label 0."""
+    train_x, val_x = F.normalize(train_x.float(), dim=1), F.normalize(val_x.float(), dim=1)
+    found = min(k, len(train_x))
+    sims, labels = [], []
+    for i in range(0, len(val_x), chunk):
+        sim, idx = (val_x[i:i + chunk] @ train_x.T).topk(found, dim=1)
+        sims.append(sim)
+        labels.append(train_y.to(sim.device)[idx])
+    sim = torch.cat(sims) if sims else val_x.new_zeros(0, found)
+    label = torch.cat(labels) if labels else torch.zeros(0, found, dtype=torch.long, device=val_x.device)
+    if found < k:  # a share smaller than k: pad, so that every share's candidates have one shape
+        sim = torch.cat([sim, sim.new_full((len(sim), k - found), float("-inf"))], dim=1)
+        label = torch.cat([label, label.new_zeros(len(label), k - found)], dim=1)
+    return sim, label
+
+
+def nearest(sim: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most similar of candidates (V, C) joined from several shares (C ≥ k), with their labels."""
+    sim, idx = sim.topk(k, dim=1)
+    return sim, labels.gather(1, idx)
+
+
+def knn_votes(sim: torch.Tensor, labels: torch.Tensor, n_classes: int, temperature: float = 0.07) -> torch.Tensor:
+    """Class votes (V, K): each neighbour votes exp(sim / T) for its label (a padded one, at −inf, votes 0)."""
+    votes = torch.zeros(len(sim), n_classes, device=sim.device)
+    return votes.scatter_add_(1, labels, (sim / temperature).exp())
+
+
 def knn_scores(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, k: int = 20,
                temperature: float = 0.07, n_classes: int | None = None, chunk: int = 1024) -> torch.Tensor:
     """Class votes (V, K) of a cosine kNN: each of the k nearest train features votes exp(sim / T) for its label."""
-    train_x, val_x = F.normalize(train_x.float(), dim=1), F.normalize(val_x.float(), dim=1)
     n_classes = n_classes or int(train_y.max()) + 1
     k = min(k, len(train_x))
-    votes = []
-    for i in range(0, len(val_x), chunk):
-        sim, idx = (val_x[i:i + chunk] @ train_x.T).topk(k, dim=1)
-        v = torch.zeros(len(sim), n_classes, device=sim.device)
-        votes.append(v.scatter_add_(1, train_y.to(sim.device)[idx], (sim / temperature).exp()))
-    return torch.cat(votes)
+    return knn_votes(*knn_neighbours(train_x, train_y, val_x, k, chunk), n_classes, temperature)
 
 
 def knn_probe(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, k: int = 20,

@@ -10,8 +10,10 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch.utils.data import Subset
 
 from ropim.checks import check_encoder_input
 from ropim.console import Pace
@@ -21,12 +23,15 @@ from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_splits, eval_transform
 from ropim.errors import ConfigError
 from ropim.eval.features import Cancelled, extract_features
-from ropim.eval.knn import knn_top1
-from ropim.eval.metrics import per_class_accuracy
+from ropim.eval.knn import knn_neighbours, knn_votes, nearest
+from ropim.eval.metrics import per_class_accuracy, topk_accuracy
 from ropim.tracking import registry, store
 from ropim.tracking.encoders import EncoderRef
 from ropim.train.job import dataset_name
 from ropim.viz.confusion import confusion_png
+
+if TYPE_CHECKING:
+    from ropim.train.task import Worker
 
 log = logging.getLogger("ropim.downstream")
 
@@ -110,25 +115,52 @@ def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
 
 def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
                   linear: bool = True, cancelled: Callable[[], bool] | None = None,
-                  progress: str | None = None) -> dict[str, float]:
+                  progress: str | None = None, worker: Worker | None = None) -> dict[str, float]:
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
     With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
-    (``ropim.console.Pace``)."""
+    (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts every
+    world-th image of both splits and the workers join their kNN candidates: the same scores in a world-th of the
+    time, returned by rank 0 (the others return ``{}``)."""
+    split_over = worker if worker is not None and worker.world > 1 else None
+    rank, world = (worker.rank, worker.world) if split_over else (0, 1)
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
 
     def features(split: str, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        pace = Pace(f"{progress}, {split} features", len(dataset), log.info) if progress else None
-        return extract_features(encoder, dataset, cancelled=cancelled, progress=pace)
+        share = Subset(dataset, range(rank, len(dataset), world)) if split_over else dataset
+        what = f"{progress}, {split} features" + (" (rank 0's share)" if split_over else "")
+        pace = Pace(what, len(share), log.info) if progress and rank == 0 else None
+        return extract_features(encoder, share, cancelled=cancelled, progress=pace)
 
     train_x, train_y = features("train", train_set)
     val_x, val_y = features("val", val_set)
     if cancelled is not None and cancelled():
         raise Cancelled("evaluation cancelled before its kNN and probe")
-    scores = {"knn_top1": knn_top1(train_x, train_y, val_x, val_y, k=knn_k)}
+    if split_over:
+        val_x, val_y = joined(split_over, val_x, len(val_set)), joined(split_over, val_y, len(val_set))
+    sim, labels = knn_neighbours(train_x, train_y, val_x, knn_k)  # this worker's share of the memory bank
+    if split_over:  # every share's candidates (world, V, k) -> the k nearest of them all
+        sim, labels = (split_over.gather(t).permute(1, 0, 2).flatten(1) for t in (sim, labels))
+        sim, labels = nearest(sim, labels, min(knn_k, len(train_set)))
+        if linear:  # the probe is fitted on all the train features
+            train_x, train_y = joined(split_over, train_x, len(train_set)), joined(split_over, train_y, len(train_set))
+        if rank != 0:
+            return {}
+    n_classes = int(max(labels.max(), val_y.max())) + 1
+    scores = {"knn_top1": topk_accuracy(knn_votes(sim, labels, n_classes).cpu(), val_y)["top1"]}
     if linear:
         from ropim.eval.linear import linear_probe  # scikit-learn: loaded by the processes that probe, only
 
         scores["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y)["top1"]
     return scores
+
+
+def joined(worker: Worker, share: torch.Tensor, total: int, rows: int = 16384) -> torch.Tensor:
+    """Every worker's share (rank r: items r, r + world, …) of ``total`` items, joined in their order on every
+    worker, on CPU; gathered ``rows`` per worker at a time, so that no device holds world × a share at once."""
+    world = worker.world
+    per = -(-total // world)  # the largest share; smaller ones are padded to it
+    padded = torch.cat([share, share.new_zeros(per - len(share), *share.shape[1:])])
+    parts = [worker.gather(padded[i:i + rows]) for i in range(0, per, rows)]  # each (world, ≤ rows, …)
+    return torch.cat(parts, dim=1).transpose(0, 1).flatten(0, 1)[:total]

@@ -11,7 +11,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
-from ropim.eval.knn import knn_probe, knn_top1
+from ropim.eval.knn import knn_neighbours, knn_probe, knn_scores, knn_top1, knn_votes, nearest
 from ropim.eval.linear import fit_linear_probe, linear_probe
 from ropim.eval.metrics import confusion_matrix, per_class_accuracy, topk_accuracy
 
@@ -34,6 +34,18 @@ def test_probe_and_knn_separate_a_separable_toy_set():
     assert lin["top5"] >= lin["top1"] and knn["top5"] >= knn["top1"]
     assert lin["scores"].shape == knn["scores"].shape == (200, 10)
     assert knn_top1(train_x, train_y, val_x, val_y, k=10) == pytest.approx(knn["top1"])
+
+
+def test_knn_over_shares_of_the_train_features_votes_as_one_bank():
+    """Train features split over 3 processes (one share smaller than k): each share's k nearest, joined, then the k
+    nearest of them, vote as the whole bank's k nearest do."""
+    train_x, train_y, val_x, _ = toy(per_class=(9, 20), spread=1.0)  # overlapping classes: the votes are mixed
+    shares = [slice(0, 50), slice(50, 55), slice(55, None)]  # 50, 5 (< k) and 35 train features
+    found = [knn_neighbours(train_x[s], train_y[s], val_x, k=10) for s in shares]
+    sim, labels = nearest(torch.cat([f[0] for f in found], 1), torch.cat([f[1] for f in found], 1), k=10)
+    whole = knn_scores(train_x, train_y, val_x, k=10)
+    assert torch.allclose(knn_votes(sim, labels, 10), whole, rtol=1e-5)
+    assert not torch.allclose(knn_votes(*found[0], 10), whole, rtol=1e-3)  # one share alone votes otherwise
 
 
 def test_probe_and_knn_are_at_chance_on_shuffled_labels():

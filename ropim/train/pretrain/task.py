@@ -115,10 +115,10 @@ class PretrainTask(Task):
         return loss, imgs.shape[0]
 
     def evaluate(self, model: ROPIM, epoch: int, final: bool) -> dict[str, float]:
+        if final or not self.cfg.eval_async:  # every worker extracts its share
+            return self.scores(model.encoder, progress=f"[pretrain] epoch {epoch} kNN", worker=self.worker)
         if self.worker.rank != 0:
             return {}
-        if final or not self.cfg.eval_async:
-            return self.scores(model.encoder, progress=f"[pretrain] epoch {epoch} kNN")
         waited = self.background.make_room()  # one evaluation beside training at a time: one copy of the encoder
         if waited > 0.05 and not self.wait_shown:
             self.wait_shown = True
@@ -147,15 +147,16 @@ class PretrainTask(Task):
         self.evaluate(model, epoch, final=False)
 
     def scores(self, encoder: torch.nn.Module, cancelled: Callable[[], bool] | None = None,
-               progress: str | None = None) -> dict[str, float]:
+               progress: str | None = None, worker: Worker | None = None) -> dict[str, float]:
         """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
         training's kernels keep theirs); ``cancelled`` ends it early, ``progress`` starts its progress lines
-        (``frozen_scores``: none beside training, where they would cut into the epoch lines)."""
+        (``frozen_scores``: none beside training, where they would cut into the epoch lines); with ``worker``, every
+        worker calls it and extracts its share of the images (rank 0 gets the scores)."""
         cfg, device = self.cfg, self.worker.device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
-                                 cancelled=cancelled, progress=progress)
+                                 cancelled=cancelled, progress=progress, worker=worker)
 
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)

@@ -1,0 +1,67 @@
+"""``frozen_scores`` split over workers: two gloo processes each extract half of the digits' images, join their kNN
+candidates and the probe's features, and rank 0 reports the scores one process computes over all of them."""
+
+from __future__ import annotations
+
+import queue
+import traceback
+
+import pytest
+import timm
+import torch
+import torch.multiprocessing as mp
+from gloo_loop import GlooWorker
+
+from ropim.data.config import DataConfig
+from ropim.train.downstream import frozen_scores, joined
+
+
+def tiny_encoder() -> torch.nn.Module:
+    """The same random ViT in every process (seeded): 32² digits, 4×4 patches, 2 blocks."""
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=2, num_classes=0)
+
+
+def two_rank_scores(rank: int, init: str, out) -> None:
+    """Rank ``rank`` of 2: the split scores, and ``joined`` of items 0…6 (rank r holds r, r + 2, …); puts them or the
+    error."""
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        worker = GlooWorker(rank, 2)
+        items = joined(worker, torch.arange(rank, 7, 2), 7).tolist()
+        scores = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, worker=worker)
+        out.put((rank, scores, items))
+    except BaseException:
+        out.put((rank, traceback.format_exc(), None))
+        raise
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
+    ctx = mp.get_context("spawn")  # fresh processes (a fork of a process that ran torch ops can hang)
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=two_rank_scores, args=(r, init, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in procs:
+            rank, scores, items = out.get(timeout=120)
+            assert isinstance(scores, dict), scores  # else the worker's traceback
+            got[rank] = (scores, items)
+    except queue.Empty:
+        pytest.fail("the workers did not finish: one waits for the other")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    assert got[0][1] == got[1][1] == list(range(7))  # every worker's share joined in the items' order
+    assert got[1][0] == {}  # rank 0 reports
+    torch.set_num_threads(1)
+    whole = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20)
+    split = got[0][0]
+    assert set(split) == {"knn_top1", "linear_top1"}
+    # a random ViT on digits: far above chance (10%); the same scores (features of an image equal to float rounding)
+    assert split["knn_top1"] > 30 and split == pytest.approx(whole, abs=100 / 360 + 1e-9), (split, whole)
