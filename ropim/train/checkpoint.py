@@ -85,7 +85,7 @@ def load_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer=None, 
     epoch records the tracking store had not taken when it was written (``unrecorded``, from ``UNRECORDED``)."""
     folder = Path(folder)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
-    state = torch.load(folder / "train_state.pt", weights_only=True)
+    state = torch.load(folder / "train_state.pt", map_location="cpu", weights_only=True)  # the optimizer moves it
     unrecorded = folder / UNRECORDED
     state["unrecorded"] = json.loads(unrecorded.read_text()) if unrecorded.exists() else []
     if optimizer is not None:
