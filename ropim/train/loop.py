@@ -104,6 +104,12 @@ class Loop:
                 skipped = f" ({'; '.join(unreadable)} cannot be loaded: the previous complete checkpoint is used)" \
                     if unreadable else ""
                 log.info(f"[{cfg.kind}] resumed from epoch {self.start_epoch}, step {self.step}{skipped}")
+        restored = worker.gather(torch.tensor([self.start_epoch, self.step], dtype=torch.float64))  # (world, 2)
+        if (restored != restored[0]).any():  # e.g. a read that failed on one worker only: weights would drift apart
+            found = ", ".join(f"rank {r}: epoch {int(e)} step {int(s)}" for r, (e, s) in enumerate(restored.tolist()))
+            raise RuntimeError(f"[{cfg.kind}] the workers restored different checkpoints ({found}; this worker could "
+                               f"not load: {'; '.join(unreadable) or 'none'}): failing, so that a restart "
+                               "(max_failures) reads them again")
         grads_in_weight_strides(self.model)
         self.ddp_model = worker.prepare(self.model)
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model

@@ -1,8 +1,10 @@
-"""The pieces of the epoch-end tests (``test_epoch_end``): a toy task whose workers hold unequal numbers of batches,
-and one process of a 2-rank loop on gloo (imports only torch and the loop, so a spawned process starts quickly)."""
+"""The pieces of the 2-rank loop tests (``test_epoch_end``, ``test_restore_agreement``): a toy task whose workers hold
+unequal numbers of batches, and one process of a 2-rank loop on gloo (imports only torch and the loop, so a spawned
+process starts quickly)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import traceback
 from dataclasses import dataclass
@@ -119,5 +121,30 @@ def two_rank_loop(rank: int, init: str, batches: dict[int, int], listed: int, ru
     except BaseException:
         out.put((rank, traceback.format_exc(), None, None))
         raise
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+class OneSidedRestore(GlooWorker):
+    """A worker of a run with two checkpoints, the latest of which only rank 0 can read (rank 1's read failed)."""
+
+    def __init__(self, rank: int, world: int, latest: Path, earlier: Path) -> None:
+        super().__init__(rank, world)
+        self.latest, self.earlier = latest if rank == 0 else latest / "gone", earlier
+
+    def restorable(self):
+        return iter([(name, contextlib.nullcontext(folder)) for name, folder in (("latest", self.latest),
+                                                                                 ("earlier", self.earlier))])
+
+
+def two_rank_restore(rank: int, init: str, latest: str, earlier: str, run_dir: str, out) -> None:
+    """Rank ``rank`` of 2 builds the toy loop from ``OneSidedRestore``'s checkpoints; puts (rank, what it raised)."""
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        Loop(ToyTask({0: 2, 1: 2}, 2, run_dir), toy_loop_config(global_batch_size=8),
+             OneSidedRestore(rank, 2, Path(latest), Path(earlier)))
+        out.put((rank, "no error"))
+    except Exception as err:  # noqa: BLE001 — the test reads what each worker raised
+        out.put((rank, f"{type(err).__name__}: {err}"))
     finally:
         torch.distributed.destroy_process_group()
