@@ -35,7 +35,8 @@ log = logging.getLogger("ropim.train")
 
 
 def sketch_generator(seed: int, step: int, rank: int, device: torch.device) -> torch.Generator:
-    """The generator of step ``step`` on ``rank``: corruptions are reproducible from (seed, step, rank)."""
+    """The generator of step ``step`` on ``rank``: corruptions are reproducible from (seed, step, rank); the micro
+    batches of one step (``accum_steps`` > 1) draw one after the other from it, each image its own sketch."""
     return torch.Generator(device=device).manual_seed(derived_seed(seed, step, rank))
 
 
@@ -66,6 +67,7 @@ class PretrainTask(Task):
         self.viz_imgs, self.background = None, Background("ropim-eval")
         self.wait_shown = False  # the line saying training waited for a background evaluation, once per job
         self.pictures_refused = False  # the store did not take the last pictures (said once until it takes them)
+        self.drawing: tuple[int, torch.Generator | None] = (-1, None)  # the step whose corruptions are being drawn
         if worker.rank == 0 and self.cfg.viz_every:
             self.viz_imgs = validation_images(self.cfg.data, self.cfg.model.img_size)  # the same few every time
 
@@ -109,8 +111,9 @@ class PretrainTask(Task):
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         device = self.worker.device
         imgs = images_to(batch[0], device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
-        generator = sketch_generator(self.cfg.seed, step, self.worker.rank, device)
-        corruption = self.model.draw_corruption(imgs.shape[0], generator)  # outside a compiled forward
+        if step != self.drawing[0]:  # a step's first micro batch; the step's others draw on from its generator
+            self.drawing = (step, sketch_generator(self.cfg.seed, step, self.worker.rank, device))
+        corruption = self.model.draw_corruption(imgs.shape[0], self.drawing[1])  # outside a compiled forward
         loss, _, _ = model(imgs, corruption=corruption)
         return loss, imgs.shape[0]
 
