@@ -57,7 +57,8 @@ class ImageArrayDataset(Dataset):
 class ImageListDataset(Dataset):
     """(transformed image, label) pairs from any source's ``ImageList``, under the bad-image policy.
 
-    ``bad`` (a ``BadImages``) holds the count and first 20 paths of images skipped in this process.
+    ``bad`` (a ``BadImages``) holds the count of images skipped (with a DataLoader's processes: ``BadImages.share``)
+    and the first 20 paths this process skipped.
     """
 
     def __init__(self, images: ImageList, transform=None, on_bad_image: str = "skip",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import multiprocessing
 import re
+from multiprocessing.sharedctypes import Synchronized
 
 import numpy as np
 from PIL import Image
@@ -22,16 +24,33 @@ class BadImageError(DataError):
 
 
 class BadImages:
-    """The bad-image policy in one process: ``skip`` counts and logs (first 20 paths), ``fail`` raises."""
+    """The bad-image policy of a dataset: ``skip`` counts and logs (first 20 paths per process), ``fail`` raises.
+    After ``share``, the processes a DataLoader starts add to the count this process reads."""
 
     def __init__(self, policy: str = "skip", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-        self.policy, self.max_pixels, self.count, self.paths = policy, max_pixels, 0, []
+        self.policy, self.max_pixels, self.paths = policy, max_pixels, []
+        self.counter: Synchronized | None = None  # shared memory, after ``share``
+        self.local = 0
+
+    @property
+    def count(self) -> int:
+        """Images skipped so far, by this process and (after ``share``) the processes started after it."""
+        return self.counter.value if self.counter is not None else self.local
+
+    def share(self) -> None:
+        """Count in shared memory from now on: call it before a DataLoader starts its worker processes."""
+        if self.counter is None:
+            self.counter = multiprocessing.Value("q", self.local)
 
     def add(self, path: str, err: BaseException | str) -> None:
         if self.policy == "fail":
             raise BadImageError(f"{path}: cannot decode image ({reason(err)}); remove or replace the file, "
                                 f"or set data.on_bad_image=skip to skip such files")
-        self.count += 1
+        if self.counter is None:
+            self.local += 1
+        else:
+            with self.counter.get_lock():
+                self.counter.value += 1
         if len(self.paths) < MAX_LOGGED_BAD:
             self.paths.append(path)
             more = "; further bad images are counted, not logged" if len(self.paths) == MAX_LOGGED_BAD else ""

@@ -202,6 +202,8 @@ class Task(ABC):
                             pin_memory=worker.device.type == "cuda" and cfg.pin_memory)
         if len(loader) < 1:
             raise ConfigError(f"{cfg.BATCH}={cfg.batch}: larger than the training split on each worker")
+        if processes > 0 and hasattr(dataset, "bad"):  # the loader's processes skip bad images: count them here
+            dataset.bad.share()
 
         def batches(epoch: int) -> Iterator:
             sampler.set_epoch(epoch)

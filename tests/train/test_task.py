@@ -4,11 +4,16 @@ checkpoints, pictures), not only the epoch's training time; the measured period 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
+import torch
 from gloo_loop import ToyJob
+from PIL import Image
 
+from ropim.data.config import DataConfig
+from ropim.data.datasets import build_dataset, eval_transform
 from ropim.train import task as task_module
-from ropim.train.task import Task
+from ropim.train.task import Task, bad_images
 
 
 class LineTask(Task):
@@ -52,3 +57,23 @@ def test_a_resumed_process_measures_from_its_own_first_line(monkeypatch, caplog)
     # resumed at epoch 100: the first line has only its training time; then 120 s from line to line
     assert etas(monkeypatch, caplog, [(101, 5.0), (102, 125.0), (103, 245.0)]) == (["3.3 h", "6.6 h", "6.6 h"], 120.0)
 
+
+
+def test_bad_images_skipped_in_the_loaders_processes_are_counted(tmp_path):
+    """With ``dataloader_workers`` > 0 the images are decoded in the DataLoader's processes: the epoch's
+    ``bad_images`` counts the ones they skipped (before: 0, the count stayed in each of those processes)."""
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(8):
+            Image.new("RGB", (8, 8), (30 * i, 0, 0)).save(tmp_path / c / f"{i:02d}.png")
+            if i % 3 == 0:  # not two in a row: a skip moves on to the next file, a good one
+                (tmp_path / c / f"{i:02d}x.png").write_bytes(b"not an image")
+    dataset = build_dataset(DataConfig(str(tmp_path), val_fraction=0.1), "train", eval_transform(8), 8)
+    expected = sum(p.endswith("x.png") for p in dataset.paths)
+    job = ToyJob(dataloader_workers=2, global_batch_size=2, accum_steps=1)
+    task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
+                    worker=SimpleNamespace(rank=0, world=1, device=torch.device("cpu")))
+    data = task.sharded(dataset, 1, {"bad_images": bad_images(dataset)})
+    images = sum(len(x) for x, _ in data.batches(0))
+    assert expected >= 3 and images == len(dataset)
+    assert data.stats["bad_images"][0]() == expected
