@@ -66,6 +66,10 @@ CASES = {  # id: (argv, what the one line must name)
     "unknown placement": ((*PRE, "--placement_strategy", "spread"), "placement_strategy='spread'"),
     "min_workers above num_workers": ((*PRE, "--min_workers", "3"),
                                       "min_workers=3: must be an integer in [1, num_workers=2]"),
+    "odd Mixup batch after an elastic restart": (
+        (*FT, "--mixup", "0.8", "--num_workers", "8", "--min_workers", "4", "--batch_size", "96",
+         "--wait_for_resources", "true"),
+        "even micro batch per worker (here 19 on 5 workers, a count an elastic restart"),
     "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
                                  "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),

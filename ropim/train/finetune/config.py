@@ -43,10 +43,18 @@ class FinetuneConfig(TransferJob):
     """"" = do not register the classifier"""
 
     def check(self) -> None:
+        """Mixup/CutMix pair the images of a micro batch: it is even on every worker count a run may have (from
+        ``min_workers``, after an elastic restart, to ``num_workers``)."""
+        if not (self.mixup > 0 or self.cutmix > 0):
+            return
         workers = max(1, self.num_workers)
-        if (self.mixup > 0 or self.cutmix > 0) and (self.batch_size // workers) % 2:
-            raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even batch per worker "
-                              f"(here {self.batch_size // workers}); change batch_size or set mixup=0 cutmix=0")
+        for count in range(min(self.min_workers or workers, workers), workers + 1):
+            micro = self.batch_size // (count * self.accum)
+            if micro % 2:
+                where = "" if count == workers else ", a count an elastic restart (min_workers) may fall back to"
+                raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even micro batch per worker "
+                                  f"(here {micro} on {count} workers{where}); change batch_size or set mixup=0 "
+                                  "cutmix=0")
 
     def check_encoder(self, uri: str, config: dict) -> None:
         check_encoder_input(uri, config, self.img_size)
