@@ -72,8 +72,9 @@ def preset_action(folders: dict[str, Path]) -> type[ActionConfigFile]:
 def job_parser(config_cls: type, command: str, description: str) -> ArgumentParser:
     """A subcommand's parser: ``--config FILE`` / ``--preset NAME``, then every field of ``config_cls``."""
     parser = parser_of(description=description)
+    shipped = "`ropim presets`" if shipped_presets(PRESETS / command) else f"none shipped for `ropim {command}` yet"
     parser.add_argument("--config", "--preset", action=preset_action({"--preset": PRESETS / command}),
-                        help="a YAML config file, or (--preset) a shipped preset name (`ropim presets`); repeatable, "
+                        help=f"a YAML config file, or (--preset) a shipped preset name ({shipped}); repeatable, "
                              "applied where it stands")
     parser.add_class_arguments(config_cls, nested_key=None, as_group=False)
     return parser
@@ -111,7 +112,8 @@ def add_data_command(sub) -> None:
     data = parser_of(description="Data sets: `ropim data convert SRC DST`, `ropim data inspect PATH`.")
     sub.add_subcommand("data", data, help="convert a data set to Parquet shards, or inspect one")
     actions = data.add_subcommands(dest="action")
-    convert = source_parser("Convert any source to Parquet shards (image, label, path) for Ray Data.")
+    convert = source_parser("Convert any source to Parquet shards (image, label, path; --task segment: image, "
+                            "mask, path) for Ray Data.")
     convert.add_argument("dst", type=str, help="output folder or URI (s3://…)")
     convert.add_argument("--shard-size", "--shard_size", type=int, default=1000, help="images per shard")
     convert.add_argument("--shuffle", type=bool, default=True, help="write items in a seeded random order")

@@ -78,7 +78,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--experiment", type=str, default="ropim-sweep", help="MLflow experiment of the sweep's runs")
     p.add_argument("--register", type=bool, default=True, help="register the best encoder (champion rule)")
     p.add_argument("--no-register", "--no_register", dest="register", action="store_false",
-                   help="do not register the best encoder")
+                   help="do not register the best encoder: the same as --register false "
+                        "(--register's default: %(default)s)")
     p.add_argument("--num_workers", "--workers-per-trial", "--workers_per_trial", type=int, default=2,
                    help="Ray Train workers per trial")
     p.add_argument("--cpus_per_worker", "--cpus-per-worker", type=float, default=1.0, help="CPUs per Train worker")

@@ -66,6 +66,8 @@ class SegDataConfig(DataConfig):
     Label maps hold class indices 0..K-1 and 255 for pixels to ignore, except ADE20K's (0 = ignore, 1..150 =
     classes), which are shifted down by one as mmseg's ``reduce_zero_label`` does."""
 
+    source: str = "digits"
+    """"digits", or a folder / file / glob / URI (ADE20K, an images/ + masks/ pair, Parquet)"""
     format: Literal["auto", "digits", "ade20k", "pairs", "parquet"] = "auto"
     """the source's format (auto: detect it)"""
     num_classes: int | None = None

@@ -3,7 +3,7 @@
 MLflow copies this file into each logged model, so it imports only torch, timm and safetensors.
 ``mlflow.pyfunc.load_model(uri).predict(images)`` maps normalized float32 images (B, C, H, W) to class
 logits (B, K); ``config.json`` lists the class names, the image size and the normalization;
-``.unwrap_python_model().model`` is the plain timm VisionTransformer.
+``.unwrap_python_model().model`` is the plain timm model (VisionTransformer or Beit).
 """
 
 import json

@@ -2,7 +2,7 @@
 
 MLflow copies this file into each logged model, so it imports only torch, timm and safetensors.
 ``mlflow.pyfunc.load_model(uri).predict(images)`` maps normalized float32 images (B, C, H, W) to
-pooled features (B, D); ``.unwrap_python_model().encoder`` is the plain timm VisionTransformer.
+pooled features (B, D); ``.unwrap_python_model().encoder`` is the plain timm model (VisionTransformer or Beit).
 """
 
 import json

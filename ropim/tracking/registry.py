@@ -229,7 +229,7 @@ def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str
 
 
 def load_classifier(model_uri: str, uri: str | None = None):
-    """A registered ``ropim-classifier`` as a plain timm VisionTransformer (eval mode) and its config."""
+    """A registered ``ropim-classifier`` as a plain timm model (VisionTransformer or Beit, eval mode) and its config."""
     import timm
 
     from ropim.core.backbone import load_weights
@@ -241,7 +241,7 @@ def load_classifier(model_uri: str, uri: str | None = None):
 
 
 def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
-    """The registered encoder as a plain timm VisionTransformer (eval mode) and its config."""
+    """The registered encoder as a plain timm model (VisionTransformer or Beit, eval mode) and its config."""
     import timm
 
     from ropim.core.backbone import load_weights

@@ -18,7 +18,7 @@ class EncoderJob(JobConfig):
     """A job that starts from an encoder (a registered version, a run's artifact or a local folder)."""
 
     encoder: str = f"models:/{DEFAULT_ENCODER_NAME}@champion"
-    """models:/name/version, models:/name@alias, runs:/…"""
+    """models:/name/version, models:/name@alias, runs:/… or a local folder"""
 
     @property
     def run_prefix(self) -> str:
