@@ -66,7 +66,6 @@ class ImageListDataset(Dataset):
         self.images, self.transform = images, transform
         self.labels, self.classes, self.paths = images.labels, images.classes, images.paths
         self.bad = BadImages(on_bad_image, max_pixels)
-        self.bad_idx: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.images)
@@ -78,15 +77,14 @@ class ImageListDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         n = len(self.images)
         for j in (k % n for k in range(i, i + n)):
-            if j in self.bad_idx:
+            if self.bad.seen(j):
                 continue
             try:
                 img = decode_rgb(self.images.load(j), self.bad.max_pixels)
             except ConfigError:  # a shard that cannot be read is the data set's fault, not one image's
                 raise
             except Exception as err:  # noqa: BLE001 — any read/decode failure makes the image bad
-                self.bad_idx.add(j)
-                self.bad.add(self.paths[j], err)
+                self.bad.add(self.paths[j], err, index=j)
                 continue
             return (self.transform(img) if self.transform else img), int(self.labels[j])
         raise DataError(f"no decodable image among the {n} images of this split; check the files")

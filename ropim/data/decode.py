@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import multiprocessing
@@ -24,32 +25,47 @@ class BadImageError(DataError):
 
 
 class BadImages:
-    """The bad-image policy of a dataset: ``skip`` counts and logs (first 20 paths per process), ``fail`` raises.
-    After ``share``, the processes a DataLoader starts add to the count this process reads."""
+    """The bad-image policy of a dataset: ``skip`` counts and logs (first 20 paths per process), ``fail`` raises. An
+    image given by its ``index`` counts once. After ``share``, the processes a DataLoader starts (each epoch) see the
+    images known bad and add to the count this process reads."""
 
     def __init__(self, policy: str = "skip", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.policy, self.max_pixels, self.paths = policy, max_pixels, []
-        self.counter: Synchronized | None = None  # shared memory, after ``share``
+        self.known: set[int] = set()  # indices of images found bad
         self.local = 0
+        self.counter: Synchronized | None = None  # shared memory, after ``share``: the count, and a flag per image
+        self.flags: ctypes.Array | None = None
 
     @property
     def count(self) -> int:
         """Images skipped so far, by this process and (after ``share``) the processes started after it."""
         return self.counter.value if self.counter is not None else self.local
 
-    def share(self) -> None:
-        """Count in shared memory from now on: call it before a DataLoader starts its worker processes."""
+    def share(self, size: int) -> None:
+        """Count and flag the ``size`` images in shared memory from now on: call it before a DataLoader starts its
+        worker processes."""
         if self.counter is None:
             self.counter = multiprocessing.Value("q", self.local)
+            self.flags = multiprocessing.Array("b", [i in self.known for i in range(size)], lock=False)
 
-    def add(self, path: str, err: BaseException | str) -> None:
+    def seen(self, index: int) -> bool:
+        """Whether image ``index`` is known bad (in any process, after ``share``)."""
+        return index in self.known or (self.flags is not None and bool(self.flags[index]))
+
+    def add(self, path: str, err: BaseException | str, index: int | None = None) -> None:
         if self.policy == "fail":
             raise BadImageError(f"{path}: cannot decode image ({reason(err)}); remove or replace the file, "
                                 f"or set data.on_bad_image=skip to skip such files")
+        if index is not None:
+            self.known.add(index)
         if self.counter is None:
             self.local += 1
         else:
             with self.counter.get_lock():
+                if index is not None and self.flags[index]:
+                    return  # another process counted it
+                if index is not None:
+                    self.flags[index] = 1
                 self.counter.value += 1
         if len(self.paths) < MAX_LOGGED_BAD:
             self.paths.append(path)

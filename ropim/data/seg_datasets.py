@@ -71,7 +71,6 @@ class SegDataset(Dataset):
                  max_pixels: int = 25_000_000) -> None:
         self.pairs, self.classes, self.transform = pairs, classes, transform
         self.bad = BadImages(on_bad_image, max_pixels)
-        self.bad_idx: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -80,15 +79,14 @@ class SegDataset(Dataset):
         """Pair ``i`` (or the next decodable one) untransformed: uint8 (3, H, W) and (H, W)."""
         n = len(self.pairs)
         for j in (k % n for k in range(i, i + n)):
-            if j in self.bad_idx:
+            if self.bad.seen(j):
                 continue
             try:
                 image, mask = self.pairs.load(j, self.bad.max_pixels)
             except ConfigError:
                 raise
             except Exception as err:  # noqa: BLE001 — an unreadable or undecodable file makes the pair bad
-                self.bad_idx.add(j)
-                self.bad.add(self.pairs.paths[j], err)
+                self.bad.add(self.pairs.paths[j], err, index=j)
                 continue
             img = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)  # (3, H, W)
             return tv_tensors.Image(img), tv_tensors.Mask(torch.from_numpy(mask.copy()))

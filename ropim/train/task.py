@@ -192,18 +192,20 @@ class Task(ABC):
     def sharded(self, dataset, micro_batch: int,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
         """This worker's share of a map-style ``dataset``: a seeded ``DistributedSampler`` (reshuffled per epoch,
-        ``drop_last``) and a DataLoader of the job's ``dataloader_workers`` processes; ``stats`` as ``EpochData``'s."""
+        ``drop_last``) and a DataLoader of the job's ``dataloader_workers`` processes (started each epoch); ``stats``
+        as ``EpochData``'s."""
         cfg, worker = self.cfg, self.worker
         processes = cfg.dataloader_workers
         sampler = DistributedSampler(dataset, num_replicas=worker.world, rank=worker.rank, shuffle=True, seed=cfg.seed,
                                      drop_last=True)
+        # processes started anew each epoch: seeded from the loop's (seed, epoch, rank), so a resumed run augments
+        # as the uninterrupted one does (persistent ones keep the seed of the job's first epoch)
         loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True, num_workers=processes,
-                            persistent_workers=processes > 0,
                             pin_memory=worker.device.type == "cuda" and cfg.pin_memory)
         if len(loader) < 1:
             raise ConfigError(f"{cfg.BATCH}={cfg.batch}: larger than the training split on each worker")
         if processes > 0 and hasattr(dataset, "bad"):  # the loader's processes skip bad images: count them here
-            dataset.bad.share()
+            dataset.bad.share(len(dataset))
 
         def batches(epoch: int) -> Iterator:
             sampler.set_epoch(epoch)

@@ -144,3 +144,15 @@ def test_step_lines_count_the_later_epochs_at_the_measured_epoch_period(tmp_path
         loop.Loop(task, toy_loop_config(epochs=3, log_every=1), LocalWorker(tmp_path, 1)).run()
     etas = [r.getMessage().rsplit(" ETA ", 1)[1] for r in caplog.records if " step " in r.getMessage()]
     assert etas[:2] == ["2.0 h", "2.0 h"] and etas[-1] == "0.0 min", etas
+
+
+def test_a_resumed_run_with_dataloader_processes_augments_as_the_uninterrupted_one(workdir):
+    """With ``dataloader_workers`` the images are augmented in the loader's processes: each epoch's augmentations come
+    from (seed, epoch, rank) there too, so a stopped and resumed run trains on the uninterrupted one's images."""
+    loader = dict(LOCAL, dataloader_workers=1)
+    straight = run(tiny_pretrain(run_name="straight-loader", **loader))
+    cfg = tiny_pretrain(run_name="stop-resume-loader", stop_after_epochs=1, **loader)
+    run(cfg)
+    resumed = run(resume_config(JOBS["pretrain"], "stop-resume-loader", cfg.storage_path, num_workers=0))
+    for (_, a), (_, b) in zip(history(resumed.run_id, "loss"), history(straight.run_id, "loss"), strict=True):
+        assert a == pytest.approx(b, rel=1e-6)
