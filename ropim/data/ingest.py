@@ -23,8 +23,8 @@ blocks of in-memory sources with ``randomize_block_order(RandomSeedConfig(seed, 
 seed from ``seed`` and its execution index. (2) Rows are mixed within a local shuffle buffer on each worker,
 seeded from (``seed``, ``epoch``, ``rank``) by ``iter_epoch`` — explicit, so a resumed run mixes its remaining
 epochs' rows as the original would have; (1) is not: Ray counts a dataset's executions from 0 in each job, so a
-resumed job's input order starts again at the first epoch's. Orders are reproducible up to Ray's streaming split, which hands
-blocks to whichever worker asks first. Crop/flip randomness is fresh in every task (not seeded).
+resumed job's input order starts again at the first epoch's. Orders are reproducible up to Ray's streaming split,
+which hands blocks to whichever worker asks first. Crop/flip randomness is fresh in every task (not seeded).
 
 **Start-up.** Decode tasks import this module, ``ropim.sources`` and ``ropim.augment`` only — no torch —
 because a fresh Ray worker importing torch + torchvision took 7–17 s here, paid again whenever Ray
