@@ -255,3 +255,26 @@ def undecodable_shard(folder: Path, bad: bool = True) -> None:
     folder.mkdir(exist_ok=True)
     pq.write_table(pa.table({"image": images, "label": pa.array([i % 2 for i in range(40)], pa.int64()),
                              "path": [f"img{i}.png" for i in range(40)]}), folder / "train-00000.parquet")
+
+
+def decode_in_loader_processes(monkeypatch) -> None:
+    """Make ``ropim.train.downstream``'s evaluation splits raise when an image is decoded outside a DataLoader
+    process (the evaluating process itself)."""
+    from torch.utils.data import Dataset, get_worker_info
+
+    from ropim.train import downstream
+
+    class InLoaderProcess(Dataset):
+        def __init__(self, dataset) -> None:
+            self.dataset = dataset
+
+        def __len__(self) -> int:
+            return len(self.dataset)
+
+        def __getitem__(self, i: int):
+            if get_worker_info() is None:
+                raise RuntimeError("an evaluation image decoded in the evaluating process")
+            return self.dataset[i]
+
+    splits = downstream.eval_splits
+    monkeypatch.setattr(downstream, "eval_splits", lambda *args: tuple(InLoaderProcess(d) for d in splits(*args)))

@@ -115,14 +115,15 @@ def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
 
 def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
                   linear: bool = True, cancelled: Callable[[], bool] | None = None,
-                  progress: str | None = None, worker: Worker | None = None) -> dict[str, float]:
+                  progress: str | None = None, worker: Worker | None = None, processes: int = 0) -> dict[str, float]:
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
     With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
     (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts every
     world-th image of both splits and the workers join their kNN candidates: the same scores in a world-th of the
-    time, returned by rank 0 (the others return ``{}``)."""
+    time, returned by rank 0 (the others return ``{}``). ``processes`` DataLoader processes decode the images (the
+    job's ``dataloader_workers``; 0: this process)."""
     split_over = worker if worker is not None and worker.world > 1 else None
     rank, world = (worker.rank, worker.world) if split_over else (0, 1)
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
@@ -131,7 +132,7 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
         share = Subset(dataset, range(rank, len(dataset), world)) if split_over else dataset
         what = f"{progress}, {split} features" + (" (rank 0's share)" if split_over else "")
         pace = Pace(what, len(share), log.info) if progress and rank == 0 else None
-        return extract_features(encoder, share, cancelled=cancelled, progress=pace)
+        return extract_features(encoder, share, num_workers=processes, cancelled=cancelled, progress=pace)
 
     train_x, train_y = features("train", train_set)
     val_x, val_y = features("val", val_set)

@@ -11,6 +11,7 @@ import timm
 import torch
 import torch.multiprocessing as mp
 from gloo_loop import GlooWorker
+from support import decode_in_loader_processes
 
 from ropim.data.config import DataConfig
 from ropim.train.downstream import frozen_scores, joined
@@ -65,3 +66,13 @@ def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
     assert set(split) == {"knn_top1", "linear_top1"}
     # a random ViT on digits: far above chance (10%); the same scores (features of an image equal to float rounding)
     assert split["knn_top1"] > 30 and split == pytest.approx(whole, abs=100 / 360 + 1e-9), (split, whole)
+
+
+def test_images_decode_in_dataloader_processes_to_the_same_scores(monkeypatch):
+    torch.set_num_threads(1)
+    here = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False)
+    decode_in_loader_processes(monkeypatch)
+    with pytest.raises(RuntimeError, match="decoded in the evaluating process"):
+        frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False)
+    # a job's dataloader_workers decode: the images in their order, the same scores
+    assert frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False, processes=2) == here

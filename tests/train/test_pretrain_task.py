@@ -4,7 +4,7 @@ in several micro batches (``accum_steps`` > 1), and the draws repeat exactly fro
 from __future__ import annotations
 
 import torch
-from support import tiny_pretrain
+from support import decode_in_loader_processes, tiny_pretrain
 
 from ropim.train.pretrain.task import PretrainTask, sketch_generator
 from ropim.train.runtime import LocalWorker
@@ -23,9 +23,9 @@ def sketches_of(task: PretrainTask, steps: list[int], images: int = 4) -> list[t
     return drawn
 
 
-def new_task(tmp_path) -> PretrainTask:
+def new_task(tmp_path, **changes) -> PretrainTask:
     worker = LocalWorker(tmp_path, 1)
-    cfg = tiny_pretrain(accum_steps=2, viz_every=0).to_dict()
+    cfg = tiny_pretrain(**{"accum_steps": 2, "viz_every": 0, **changes}).to_dict()
     task = PretrainTask({"cfg": cfg, "n_train": 64, "run_id": "", "tracking_uri": "", "run_dir": str(tmp_path)}, worker)
     task.build(worker)
     return task
@@ -40,3 +40,11 @@ def test_the_micro_batches_of_a_step_get_sketches_of_their_own(tmp_path):
     assert torch.equal(first, alone) and not torch.equal(next_step, first)
     assert all(torch.equal(a, b) for a, b in zip(sketches_of(new_task(tmp_path), [5, 5, 6]), [first, second, next_step],
                                                  strict=True))  # a resumed run draws the same
+
+
+def test_evaluations_decode_in_the_jobs_dataloader_processes(tmp_path, monkeypatch):
+    decode_in_loader_processes(monkeypatch)
+    task = new_task(tmp_path, dataloader_workers=2, knn_k=5)
+    inline = task.evaluate(task.model, 1, final=True)  # before: decoded in the training process, between steps
+    assert task.evaluate(task.model, 1, final=False) == {}  # beside training: in a thread, which starts the processes
+    assert task.evaluations(wait=True) == [{"epoch": 1, **inline}] and 0 <= inline["knn_top1"] <= 100

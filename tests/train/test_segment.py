@@ -133,3 +133,29 @@ def test_digits_in_this_process_follow_warm_up_then_poly_decay(workdir, encoder,
     assert lr == pytest.approx([7.5e-4, 5e-4, 2.5e-4, 0.0])  # linear to 0 over the 8 steps (poly, power 1)
     again = run(cfg)  # a finished run is reported, not trained again
     assert again.run_id == result.run_id
+
+
+def test_val_images_decode_in_dataloader_processes_to_the_same_confusion():
+    from torch.utils.data import Dataset, get_worker_info
+
+    from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform
+    from ropim.train.segment.task import evaluate_confusion
+
+    class InLoaderProcess(Dataset):  # a val image decoded in the evaluating process raises
+        def __init__(self, dataset) -> None:
+            self.dataset = dataset
+
+        def __len__(self) -> int:
+            return len(self.dataset)
+
+        def __getitem__(self, i: int):
+            assert get_worker_info() is not None, "a val image decoded in the evaluating process"
+            return self.dataset[i]
+
+    cfg = SegmentConfig(encoder="enc", data=SegDataConfig(canvases=12, canvas_size=32), crop_size=32)
+    val = build_seg_dataset(cfg.data, "val", seg_eval_transform(32))
+    torch.manual_seed(0)
+    model, k = torch.nn.Conv2d(3, len(val.classes), 1), len(val.classes)
+    here = evaluate_confusion(model, val, range(len(val)), cfg, k, torch.device("cpu"))
+    there = evaluate_confusion(model, InLoaderProcess(val), range(len(val)), cfg, k, torch.device("cpu"), processes=2)
+    assert here.sum() > 0 and torch.equal(here, there)

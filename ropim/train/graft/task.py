@@ -62,9 +62,9 @@ class GraftTask(EncoderTask):
         return model(*views), views[0].shape[0]
 
     def evaluate(self, model: MoCo, epoch: int, final: bool) -> dict[str, float]:
-        cfg = self.cfg  # every worker extracts its share; rank 0 gets the scores
-        return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
-                             progress=f"[graft] epoch {epoch} kNN", worker=self.worker)
+        cfg, kind = self.cfg, f"[graft] epoch {epoch} kNN"  # every worker extracts its share; rank 0 gets the scores
+        return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, cfg.eval_linear_probe, progress=kind,
+                             worker=self.worker, processes=cfg.dataloader_workers)
 
     def epoch_end(self, model: MoCo, metrics: dict) -> None:
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"momentum {metrics['momentum']:.5f}",

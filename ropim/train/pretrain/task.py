@@ -159,7 +159,8 @@ class PretrainTask(Task):
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
-                                 cancelled=cancelled, progress=progress, worker=worker)
+                                 cancelled=cancelled, progress=progress, worker=worker,
+                                 processes=cfg.dataloader_workers)
 
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 from timm.optim import create_optimizer_v2
+from torch.utils.data import DataLoader, Subset
 
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.data.lists import IGNORE
@@ -36,14 +37,13 @@ def metric_name(name: str) -> str:
 @torch.no_grad()
 def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentConfig, num_classes: int,
                        device: torch.device, amp_dtype: torch.dtype | None = None,
-                       progress: Callable[[int], object] | None = None) -> torch.Tensor:
-    """The (K, K) pixel confusion matrix of ``model`` over the pairs ``indices`` of ``dataset`` (eval transform);
-    ``progress`` is handed 1 as each image is done."""
+                       progress: Callable[[int], object] | None = None, processes: int = 0) -> torch.Tensor:
+    """The (K, K) pixel confusion matrix of ``model`` over the pairs ``indices`` of ``dataset`` (eval transform),
+    decoded in ``processes`` DataLoader processes (0: this one); ``progress`` is handed 1 as each image is done."""
     was_training = model.training
     model.eval()
     conf = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    for i in indices:
-        image, mask = dataset[i]
+    for image, mask in DataLoader(Subset(dataset, indices), batch_size=None, num_workers=processes):
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = predict_logits(model, image.to(device), cfg.crop_size, num_classes, cfg.eval_mode,
                                     cfg.eval_stride, out_size=tuple(mask.shape))
@@ -99,7 +99,7 @@ class SegmentTask(EncoderTask):
         k, w = len(self.classes), self.worker
         share = range(w.rank, len(self.val_set), w.world)
         conf = evaluate_confusion(model, self.val_set, share, self.cfg, k, w.device, self.amp_dtype,
-                                  self.eval_pace(epoch, len(share)))
+                                  self.eval_pace(epoch, len(share)), self.cfg.dataloader_workers)
         conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
         scores = segmentation_scores(conf)
         per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)
