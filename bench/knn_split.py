@@ -43,6 +43,11 @@ class Share:
         torch.distributed.all_gather(parts, values)
         return torch.stack(parts)
 
+    def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
+        parts = [torch.empty_like(values) for _ in range(self.world)] if self.rank == 0 else None
+        torch.distributed.gather(values, parts, dst=0)
+        return torch.stack(parts) if parts is not None else None
+
 
 def scores(data: str, linear: bool, worker: Share | None = None) -> tuple[dict, float]:
     """(scores, seconds) of the random encoder on ``data``, on one thread."""

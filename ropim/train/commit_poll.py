@@ -2,7 +2,7 @@
 
 Train's controller polls its workers every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (Ray's default: 2 s) and registers
 a reported checkpoint at the poll after the report; a checkpoint report waits for that commit
-(``ropim.train.runtime.RayWorker.report``), so that a worker lost later loses at most the epochs since. On epochs of
+(``ropim.train.ray_worker.RayWorker.report``), so that a worker lost later loses at most the epochs since. On epochs of
 seconds that wait was as long as the training: the digits demo's epochs took 4.1 s, 2.2 s of them training (docs
 "Speed"). A job of at most ``MAX_WORKERS`` workers has the controller poll every ``POLL_S`` instead: each poll asks
 every worker once, few enough at that size. A larger job keeps Ray's interval (its epochs take minutes), and an

@@ -121,9 +121,9 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
     With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
     (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts every
-    world-th image of both splits and the workers join their kNN candidates: the same scores in a world-th of the
-    time, returned by rank 0 (the others return ``{}``). ``processes`` DataLoader processes decode the images (the
-    job's ``dataloader_workers``; 0: this process)."""
+    world-th image of both splits and the workers join their kNN candidates (and the probe's train features, on rank
+    0 alone): the same scores in a world-th of the time, returned by rank 0 (the others return ``{}``).
+    ``processes`` DataLoader processes decode the images (the job's ``dataloader_workers``; 0: this process)."""
     split_over = worker if worker is not None and worker.world > 1 else None
     rank, world = (worker.rank, worker.world) if split_over else (0, 1)
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
@@ -145,8 +145,8 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     if split_over:  # every share's candidates (world, V, k) -> the k nearest of them all
         sim, labels = (split_over.gather(t).permute(1, 0, 2).flatten(1) for t in (sim, labels))
         sim, labels = nearest(sim, labels, min(knn_k, len(train_set)))
-        if linear:  # the probe is fitted on all the train features
-            train_x, train_y = joined(split_over, train_x, len(train_set)), joined(split_over, train_y, len(train_set))
+        if linear:  # the probe is fitted on all the train features, on rank 0: the others never hold them
+            train_x, train_y = (joined(split_over, t, len(train_set), first=True) for t in (train_x, train_y))
         if rank != 0:
             return {}
     n_classes = int(max(labels.max(), val_y.max())) + 1
@@ -158,11 +158,15 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     return scores
 
 
-def joined(worker: Worker, share: torch.Tensor, total: int, rows: int = 16384) -> torch.Tensor:
+def joined(worker: Worker, share: torch.Tensor, total: int, rows: int = 16384,
+           first: bool = False) -> torch.Tensor | None:
     """Every worker's share (rank r: items r, r + world, …) of ``total`` items, joined in their order on every
-    worker, on CPU; gathered ``rows`` per worker at a time, so that no device holds world × a share at once."""
-    world = worker.world
+    worker (``first``: on rank 0 alone, the others get None), on CPU; gathered ``rows`` per worker at a time, so
+    that no device holds world × a share at once."""
+    world, gather = worker.world, worker.gather_to_first if first else worker.gather
     per = -(-total // world)  # the largest share; smaller ones are padded to it
     padded = torch.cat([share, share.new_zeros(per - len(share), *share.shape[1:])])
-    parts = [worker.gather(padded[i:i + rows]) for i in range(0, per, rows)]  # each (world, ≤ rows, …)
+    parts = [gather(padded[i:i + rows]) for i in range(0, per, rows)]  # each (world, ≤ rows, …), or None
+    if parts[0] is None:
+        return None
     return torch.cat(parts, dim=1).transpose(0, 1).flatten(0, 1)[:total]

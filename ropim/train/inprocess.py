@@ -47,6 +47,9 @@ class LocalWorker:
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         return values.unsqueeze(0)
 
+    def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
+        return values.unsqueeze(0)
+
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.metrics = metrics
         if folder is None:

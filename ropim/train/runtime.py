@@ -9,7 +9,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +20,17 @@ from ropim.errors import ConfigError, input_line
 from ropim.paths import cluster_note, is_uri, resolve_path
 from ropim.tracking.run_meta import IN_PROCESS
 from ropim.tracking.store import TrackingError
-from ropim.train.checkpoint import ROOM, NoRoom, full
 from ropim.train.commit_poll import quick_commits
 from ropim.train.encoder_job import EncoderJob
 from ropim.train.guard import Diverged, take_records
 from ropim.train.inprocess import LocalWorker, RemoteWorker, downloaded
 from ropim.train.job import JobConfig
 from ropim.train.niceness import even_worker_priority
+from ropim.train.ray_worker import RayWorker, on_ray
 from ropim.train.snapshot import tidy
 from ropim.train.stopping import fit_trainer, init_kept, shutdown_kept
 
-WorkerFn = Callable[[dict, "RayWorker | LocalWorker"], None]
+WorkerFn = Callable[[dict, RayWorker | LocalWorker], None]
 
 
 @contextlib.contextmanager
@@ -62,86 +61,6 @@ def ray_session(needed: bool = True, paths: dict[str, str] | None = None) -> Ite
     finally:
         if started:
             shutdown_kept()
-
-
-class DropTrainReportLines(logging.Filter):
-    """Drops Ray Train's per-report INFO line ("Reporting training result N: TrainingReport(...)"), written once
-    per worker per report by a logger that ``LoggingConfig`` does not reach; the loop prints its own progress."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Reporting training result")
-
-
-class RayWorker:
-    """The loop's view of a Ray Train worker: its intra-op threads are the CPUs it was given (``cpus_per_worker``,
-    at least 1), whatever ``OMP_NUM_THREADS`` the environment holds, so that a run computes the same numbers on any
-    shell of the same machine."""
-
-    def __init__(self) -> None:
-        import ray
-        import ray.train
-        import ray.train.torch
-
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.device = ray.train.torch.get_device()
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") or 1
-        torch.set_num_threads(max(1, math.floor(cpus)))
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(DropTrainReportLines())
-
-    def restorable(self) -> Iterator[tuple[str, contextlib.AbstractContextManager[str | Path]]]:
-        """The run's latest committed checkpoint, then (only when it cannot be loaded) the earlier ones Ray keeps."""
-        import ray.train
-
-        latest = ray.train.get_checkpoint()
-        if latest is None:
-            return
-        yield latest.path, latest.as_directory()
-        reported = ray.train.get_all_reported_checkpoints(
-            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=10)
-        earlier = [r for r in reported if r.checkpoint.path != latest.path]
-        for r in sorted(earlier, key=lambda r: (r.metrics or {}).get("step", 0), reverse=True):
-            yield r.checkpoint.path, r.checkpoint.as_directory()
-
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        import ray.train.torch
-
-        return ray.train.torch.prepare_model(model, move_to_device=False)
-
-    def gather(self, values: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return values.unsqueeze(0)
-        moved = values.to(self.device) if self.device.type == "cuda" else values
-        out = [torch.zeros_like(moved) for _ in range(self.world)]
-        torch.distributed.all_gather(out, moved)
-        return torch.stack([t.cpu() for t in out])
-
-    def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
-        """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage and deleted. By default this
-        returns once Ray Train has committed it (``ray.train.report`` returns after the upload, the controller
-        registers it a poll later: ``ropim.train.commit_poll``), so a worker lost afterwards loses at most the epochs
-        since. With ``background``, Ray uploads it while training goes on; a worker lost before Ray registers it
-        restarts the run one checkpoint further back (``store.log_epochs`` records no epoch twice)."""
-        import ray.train
-
-        checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder else None
-        mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
-        try:
-            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=mode,
-                             delete_local_checkpoint_after_upload=folder is not None)
-        except Exception as err:
-            if not full(err):
-                raise
-            raise NoRoom(f"no space left in the run's storage_path for epoch {metrics['epoch']}'s checkpoint: free "
-                         f"space there, {ROOM}") from None
-        if folder is not None and not background:
-            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
-
-
-def on_ray(fn: WorkerFn, config: dict) -> None:
-    """Ray Train's entry point: ``fn`` on this Ray Train worker."""
-    fn(config, RayWorker())
 
 
 @dataclass

@@ -36,7 +36,11 @@ class Worker(Protocol):
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
-    def gather(self, values: torch.Tensor) -> torch.Tensor: ...
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """Every worker's ``values`` (same shape on each), stacked (world, …) on CPU on every worker."""
+
+    def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
+        """``gather`` onto rank 0 alone: the others get None (and never hold the others' values)."""
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted; with

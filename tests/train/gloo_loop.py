@@ -102,6 +102,11 @@ class GlooWorker:
         torch.distributed.all_gather(out, values)
         return torch.stack(out)
 
+    def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
+        out = [torch.zeros_like(values) for _ in range(self.world)] if self.rank == 0 else None
+        torch.distributed.gather(values, out, dst=0)
+        return torch.stack(out) if out is not None else None
+
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.steps.append(metrics["step"])
         if folder is not None:

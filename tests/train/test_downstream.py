@@ -14,6 +14,7 @@ from gloo_loop import GlooWorker
 from support import decode_in_loader_processes
 
 from ropim.data.config import DataConfig
+from ropim.data.datasets import eval_splits
 from ropim.train.downstream import frozen_scores, joined
 
 
@@ -23,16 +24,35 @@ def tiny_encoder() -> torch.nn.Module:
     return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=2, num_classes=0)
 
 
+class Receiving(GlooWorker):
+    """A gloo worker that counts the rows of features (192 wide: ViT-T's) it receives from the workers."""
+
+    rows = 0
+
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        return self.count(super().gather(values))
+
+    def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
+        return self.count(super().gather_to_first(values))
+
+    def count(self, got: torch.Tensor | None) -> torch.Tensor | None:
+        if got is not None and got.dim() == 3 and got.shape[-1] == 192:
+            self.rows += got.shape[0] * got.shape[1]
+        return got
+
+
 def two_rank_scores(rank: int, init: str, out) -> None:
-    """Rank ``rank`` of 2: the split scores, and ``joined`` of items 0…6 (rank r holds r, r + 2, …); puts them or the
-    error."""
+    """Rank ``rank`` of 2: the split scores, ``joined`` of items 0…6 (rank r holds r, r + 2, …) on every worker and
+    on rank 0 alone, and the feature rows the worker received; puts them or the error."""
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
-        worker = GlooWorker(rank, 2)
-        items = joined(worker, torch.arange(rank, 7, 2), 7).tolist()
+        worker = Receiving(rank, 2)
+        items = [joined(worker, torch.arange(rank, 7, 2), 7).tolist()]
+        first = joined(worker, torch.arange(rank, 7, 2), 7, first=True)
+        items.append(first.tolist() if first is not None else None)
         scores = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, worker=worker)
-        out.put((rank, scores, items))
+        out.put((rank, scores, (items, worker.rows)))
     except BaseException:
         out.put((rank, traceback.format_exc(), None))
         raise
@@ -58,8 +78,14 @@ def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
     finally:
         for p in procs:
             p.join(timeout=30)
-    assert got[0][1] == got[1][1] == list(range(7))  # every worker's share joined in the items' order
+    (everywhere, first), received = got[0][1]
+    assert everywhere == got[1][1][0][0] == first == list(range(7))  # every worker's share joined in the items' order
+    assert got[1][1][0][1] is None  # joined on rank 0 alone
     assert got[1][0] == {}  # rank 0 reports
+    train, val = (len(split) for split in eval_splits(DataConfig(source="digits"), 32))
+    # both hold every val feature (each scores all of val against its share of the bank); the probe's train features
+    # reach rank 0 alone (before: every worker, ~3.9 GB each at ImageNet-1k's 1.28 M images × ViT-B's 768)
+    assert got[1][1][1] == val + val % 2 and received == got[1][1][1] + train + train % 2
     torch.set_num_threads(1)
     whole = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20)
     split = got[0][0]
