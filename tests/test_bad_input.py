@@ -61,8 +61,6 @@ CASES = {  # id: (argv, what the one line must name)
     "fp16 on CPU": ((*PRE, "--precision", "fp16"), "precision='fp16' needs use_gpu"),
     "unknown precision": ((*PRE, "--precision", "fp64"), "precision='fp64'"),
     "unknown ingest": ((*PRE, "--ingest", "dask"), "ingest='dask'"),
-    "DataLoader processes for Ray Data": ((*PRE, "--ingest", "ray_data", "--dataloader_workers", "2"),
-                                          "dataloader_workers=2: ingest='ray_data' decodes in Ray Data's tasks"),
     "unknown placement": ((*PRE, "--placement_strategy", "spread"), "placement_strategy='spread'"),
     "min_workers above num_workers": ((*PRE, "--min_workers", "3"),
                                       "min_workers=3: must be an integer in [1, num_workers=2]"),

@@ -109,7 +109,8 @@ class JobConfig:
     cpus_per_worker: float = 1.0
     """logical CPUs Ray reserves per worker"""
     dataloader_workers: int = 0
-    """DataLoader processes per worker (torch ingest) that decode and augment while the worker trains"""
+    """DataLoader processes per worker that decode: its training images while it trains (torch ingest; Ray Data's
+    tasks decode pretraining's with ingest=ray_data) and its evaluations' images"""
     placement_strategy: str = "PACK"
     """workers on the fewest nodes (PACK) or across nodes (SPREAD, STRICT_SPREAD)"""
     min_workers: int | None = None

@@ -3,6 +3,7 @@ in several micro batches (``accum_steps`` > 1), and the draws repeat exactly fro
 
 from __future__ import annotations
 
+import pytest
 import torch
 from support import decode_in_loader_processes, tiny_pretrain
 
@@ -42,9 +43,11 @@ def test_the_micro_batches_of_a_step_get_sketches_of_their_own(tmp_path):
                                                  strict=True))  # a resumed run draws the same
 
 
-def test_evaluations_decode_in_the_jobs_dataloader_processes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("ingest", ["torch", "ray_data"])
+def test_evaluations_decode_in_the_jobs_dataloader_processes(tmp_path, monkeypatch, ingest):
     decode_in_loader_processes(monkeypatch)
-    task = new_task(tmp_path, dataloader_workers=2, knn_k=5)
+    tiny_pretrain(ingest=ingest, dataloader_workers=2, num_workers=1).check()  # before: refused with Ray Data
+    task = new_task(tmp_path, dataloader_workers=2, knn_k=5, ingest=ingest)
     inline = task.evaluate(task.model, 1, final=True)  # before: decoded in the training process, between steps
     assert task.evaluate(task.model, 1, final=False) == {}  # beside training: in a thread, which starts the processes
     assert task.evaluations(wait=True) == [{"epoch": 1, **inline}] and 0 <= inline["knn_top1"] <= 100

@@ -57,9 +57,6 @@ class PretrainConfig(JobConfig):
     def check(self) -> None:
         if self.num_workers == 0 and self.ingest == "ray_data":
             raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
-        if self.dataloader_workers and self.ingest == "ray_data":
-            raise ConfigError(f"dataloader_workers={self.dataloader_workers}: ingest='ray_data' decodes in Ray Data's "
-                              "tasks, not in DataLoader processes; drop --dataloader_workers or use ingest='torch'")
 
     def check_resources(self) -> None:
         """The workers fit this machine, and with ``ingest=ray_data`` leave Ray Data a CPU of the local cluster

@@ -97,6 +97,9 @@ class PretrainTask(Task):
 
             from ropim.data.ingest import bad_image_summary, iter_epoch
 
+            if cfg.dataloader_workers and worker.rank == 0:
+                log.info(f"[pretrain] ingest ray_data: Ray Data's tasks decode the training images; the evaluations' "
+                         f"decode in dataloader_workers={cfg.dataloader_workers} DataLoader processes")
             shard = ray.train.get_dataset_shard("train")  # an equal split: every worker gets as many batches
             counter = self.bad_counter
             return EpochData(
