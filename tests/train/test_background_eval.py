@@ -34,7 +34,8 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
 
     calls = []
 
-    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None):
+    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
+                    processes=0):
         """The test hook: epoch 2's evaluation (the first) ends only after epoch 3 has been trained and recorded;
         a loop that waited for it would wait here until the timeout."""
         first = not calls
@@ -107,7 +108,8 @@ def test_evaluations_slower_than_epochs_do_not_pile_up(workdir, monkeypatch, cap
             held.set()  # the loop is held until the evaluation running ends
         return make_room(self)
 
-    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None):
+    def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
+                    processes=0):
         """Epoch 1's evaluation lasts until epoch 4 is recorded (before) or the loop waits for it (now), then 0.1 s."""
         while not (recorded.is_set() or held.is_set()):
             time.sleep(0.01)
@@ -134,7 +136,8 @@ def stopped_while_evaluating(monkeypatch, run_name: str) -> list[str]:
     by a SIGTERM raised where epoch 3 is recorded; how the evaluation ended ("cancelled" or "ran to its end")."""
     started, ended = threading.Event(), []
 
-    def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None):
+    def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
+                       processes=0):
         started.set()
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 30 and not (cancelled is not None and cancelled()):
@@ -177,7 +180,8 @@ def test_a_resume_evaluates_the_epoch_whose_evaluation_a_stop_cut_short(workdir,
     stopped_while_evaluating(monkeypatch, "resumed-after-evaluating")
     scored = []
 
-    def scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None):
+    def scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
+                    processes=0):
         scored.append(sum(float(p.detach().sum()) for p in encoder.parameters()))
         return {"knn_top1": 50.0 + len(scored)}
 
