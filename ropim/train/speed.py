@@ -26,6 +26,16 @@ def images_to(x: torch.Tensor, device: torch.device, channels_last: bool = False
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A CUDA stream of its own on ``device`` for work beside training's (None on a CPU), which starts after what the
+    calling thread's stream holds now: weights written by training's kernels, or a copy of them still in flight."""
+    if device.type != "cuda":
+        return None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
+
+
 def grads_in_weight_strides(model: torch.nn.Module) -> None:
     """Each gradient of a weight with a size-1 dimension (a 1×1 convolution's) takes its weight's strides. Such
     strides are free to differ in size-1 dimensions, over the same memory: oneDNN's bf16 backward returns 1×1 kernels'

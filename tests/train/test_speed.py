@@ -14,7 +14,7 @@ from timm.optim import create_optimizer_v2
 from ropim.errors import ConfigError
 from ropim.tracking import store
 from ropim.train.driver import run
-from ropim.train.speed import adamw_kernels, images_to, tf32_matmuls
+from ropim.train.speed import adamw_kernels, images_to, side_stream, tf32_matmuls
 
 FAST = dict(compile=True, channels_last=True, tf32=True, adamw="fused", pin_memory=True)
 
@@ -128,3 +128,23 @@ def test_ddp_sees_1x1_convolution_gradients_in_their_weights_strides(tmp_path):
     out = subprocess.run([sys.executable, "-c", DDP_STRIDES, str(tmp_path / "rendezvous")], capture_output=True,
                          text=True, timeout=300)
     assert out.stdout.strip() == "[False, True]", out.stderr[-3000:]  # the warning segmentation printed per worker
+
+
+def test_a_side_stream_starts_after_the_work_training_queued(monkeypatch):
+    """An evaluation beside training reads a copy of the weights that training's stream is still writing; its own
+    stream must wait for it (before: a new stream, unordered, could read a half-copied encoder). CUDA streams are
+    stood in for, so the order is checked on a CPU."""
+    calls = []
+
+    class Stream:
+        def __init__(self, device) -> None:
+            calls.append(("new stream", str(device)))
+
+        def wait_stream(self, other) -> None:
+            calls.append(("waits for", other))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"the calling thread's stream on {device}")
+    assert side_stream(torch.device("cpu")) is None and calls == []
+    assert isinstance(side_stream(torch.device("cuda", 1)), Stream)
+    assert calls == [("new stream", "cuda:1"), ("waits for", "the calling thread's stream on cuda:1")]

@@ -28,7 +28,7 @@ from ropim.tracking import store
 from ropim.train.background import Background
 from ropim.train.downstream import frozen_scores
 from ropim.train.pretrain.config import PretrainConfig
-from ropim.train.speed import adamw_kernels, images_to
+from ropim.train.speed import adamw_kernels, images_to, side_stream
 from ropim.train.task import EpochData, Task, Worker, bad_images, percents
 
 log = logging.getLogger("ropim.train")
@@ -132,7 +132,8 @@ class PretrainTask(Task):
                      f"took longer than eval_every={self.cfg.eval_every} epochs (said once); a larger eval_every "
                      "keeps training at full speed")
         encoder = copy.deepcopy(model.encoder)  # a copy on the same device: training changes the live weights
-        self.background.submit(epoch, lambda: self.scores(encoder, self.background.cancelled))
+        stream = side_stream(self.worker.device)  # ordered after the copy's kernels, on this (training's) thread
+        self.background.submit(epoch, lambda: self.scores(encoder, self.background.cancelled, stream=stream))
         return {}
 
     def resumed(self, model: ROPIM, epoch: int) -> None:
@@ -153,13 +154,15 @@ class PretrainTask(Task):
         self.evaluate(model, epoch, final=False)
 
     def scores(self, encoder: torch.nn.Module, cancelled: Callable[[], bool] | None = None,
-               progress: str | None = None, worker: Worker | None = None) -> dict[str, float]:
-        """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (in the background, the
-        training's kernels keep theirs); ``cancelled`` ends it early, ``progress`` starts its progress lines
-        (``frozen_scores``: none beside training, where they would cut into the epoch lines); with ``worker``, every
-        worker calls it and extracts its share of the images (rank 0 gets the scores)."""
-        cfg, device = self.cfg, self.worker.device
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+               progress: str | None = None, worker: Worker | None = None,
+               stream: torch.cuda.Stream | None = None) -> dict[str, float]:
+        """kNN (and linear-probe) top-1 of ``encoder``; on a GPU in a CUDA stream of its own (``stream``, made by the
+        training's thread for an evaluation in the background: training's kernels keep theirs); ``cancelled`` ends it
+        early, ``progress`` starts its progress lines (``frozen_scores``: none beside training, where they would cut
+        into the epoch lines); with ``worker``, every worker calls it and extracts its share of the images (rank 0
+        gets the scores)."""
+        cfg = self.cfg
+        stream = stream or side_stream(self.worker.device)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
                                  cancelled=cancelled, progress=progress, worker=worker,
