@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 from record import provenance, write_json  # bench/, beside this file
 
 from ropim.data.config import DataConfig
+from ropim.train.collectives import gathered, gathered_on_first
 from ropim.train.downstream import frozen_scores
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,14 +40,10 @@ class Share:
         self.rank, self.world = rank, world
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(values) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, values)
-        return torch.stack(parts)
+        return gathered(values, self.world, self.device)
 
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
-        parts = [torch.empty_like(values) for _ in range(self.world)] if self.rank == 0 else None
-        torch.distributed.gather(values, parts, dst=0)
-        return torch.stack(parts) if parts is not None else None
+        return gathered_on_first(values, self.rank, self.world, self.device)
 
 
 def scores(data: str, linear: bool, worker: Share | None = None) -> tuple[dict, float]:

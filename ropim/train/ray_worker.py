@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ropim.train.checkpoint import ROOM, NoRoom, full
+from ropim.train.collectives import gathered, gathered_on_first
 
 
 class DropTrainReportLines(logging.Filter):
@@ -60,20 +61,10 @@ class RayWorker:
         return ray.train.torch.prepare_model(model, move_to_device=False)
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return values.unsqueeze(0)
-        moved = values.to(self.device) if self.device.type == "cuda" else values
-        out = [torch.zeros_like(moved) for _ in range(self.world)]
-        torch.distributed.all_gather(out, moved)
-        return torch.stack([t.cpu() for t in out])
+        return gathered(values, self.world, self.device)
 
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
-        if self.world == 1:
-            return values.unsqueeze(0)
-        moved = values.to(self.device) if self.device.type == "cuda" else values
-        out = [torch.zeros_like(moved) for _ in range(self.world)] if self.rank == 0 else None
-        torch.distributed.gather(moved, out, dst=0)
-        return torch.stack([t.cpu() for t in out]) if out is not None else None
+        return gathered_on_first(values, self.rank, self.world, self.device)
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage and deleted. By default this

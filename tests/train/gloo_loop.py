@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ropim.train.collectives import gathered, gathered_on_first
 from ropim.train.job import JobConfig
 from ropim.train.loop import Loop
 from ropim.train.task import EpochData
@@ -83,7 +84,8 @@ class ToyTask:
 
 
 class GlooWorker:
-    """A worker of a 2-process gloo group: DDP and all-gather as on Ray Train's CPU workers; checkpoints dropped."""
+    """A worker of a 2-process gloo group: DDP and the gathers of Ray Train's CPU workers (``ropim.train.collectives``);
+    checkpoints dropped."""
 
     device = torch.device("cpu")
 
@@ -98,14 +100,10 @@ class GlooWorker:
         return torch.nn.parallel.DistributedDataParallel(model)
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
-        out = [torch.zeros_like(values) for _ in range(self.world)]
-        torch.distributed.all_gather(out, values)
-        return torch.stack(out)
+        return gathered(values, self.world, self.device)
 
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
-        out = [torch.zeros_like(values) for _ in range(self.world)] if self.rank == 0 else None
-        torch.distributed.gather(values, out, dst=0)
-        return torch.stack(out) if out is not None else None
+        return gathered_on_first(values, self.rank, self.world, self.device)
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.steps.append(metrics["step"])
