@@ -70,6 +70,10 @@ class ImageListDataset(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
+    def blocks(self) -> np.ndarray | None:
+        """Where the blocks of images read together start (``ImageList.blocks``)."""
+        return self.images.blocks()
+
     def fingerprint(self) -> bytes:
         """What the split holds (``digest``), without decoding: changed data gives another."""
         return digest(self.classes, self.labels, self.images.fingerprint())

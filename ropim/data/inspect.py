@@ -11,7 +11,7 @@ from PIL import Image
 
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
-from ropim.data.formats.parquet import ParquetList
+from ropim.data.formats.parquet_rows import ParquetList
 from ropim.data.sources import check_pairs, open_source
 
 

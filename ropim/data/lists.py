@@ -52,6 +52,11 @@ class Items:
     def __len__(self) -> int:
         return len(self.paths)
 
+    def blocks(self) -> np.ndarray | None:
+        """Where the blocks of items read together start (offsets, the item count last: a Parquet file's rows);
+        None when each item is read alone."""
+        return None
+
     def subset(self, idx: np.ndarray):
         """The items at ``idx``, of the same kind."""
         return type(self)(**{k: getattr(self, k) for k in self.SHARED},

@@ -75,6 +75,10 @@ class SegDataset(Dataset):
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def blocks(self) -> np.ndarray | None:
+        """Where the blocks of pairs read together start (``Items.blocks``)."""
+        return self.pairs.blocks()
+
     def raw(self, i: int) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
         """Pair ``i`` (or the next decodable one) untransformed: uint8 (3, H, W) and (H, W)."""
         n = len(self.pairs)

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from ropim.console import Pace, eta_text
+from ropim.data.sampling import mixing_note, train_sampler
 from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates
@@ -195,13 +196,14 @@ class Task(ABC):
 
     def sharded(self, dataset, micro_batch: int,
                 stats: dict[str, tuple[Callable[[], float], str]] | None = None) -> EpochData:
-        """This worker's share of a map-style ``dataset``: a seeded ``DistributedSampler`` (reshuffled per epoch,
-        ``drop_last``) and a DataLoader of the job's ``dataloader_workers`` processes (started each epoch); ``stats``
-        as ``EpochData``'s."""
+        """This worker's share of a map-style ``dataset``: a seeded order (``ropim.data.sampling.train_sampler``,
+        reshuffled per epoch, ``drop_last``) and a DataLoader of the job's ``dataloader_workers`` processes (started
+        each epoch); ``stats`` as ``EpochData``'s."""
         cfg, worker = self.cfg, self.worker
         processes = cfg.dataloader_workers
-        sampler = DistributedSampler(dataset, num_replicas=worker.world, rank=worker.rank, shuffle=True, seed=cfg.seed,
-                                     drop_last=True)
+        sampler = train_sampler(dataset, worker.world, worker.rank, cfg.seed, micro_batch, processes)
+        if worker.rank == 0 and (note := mixing_note(dataset)):
+            log.warning(f"[{cfg.kind}] {note}")
         # processes started anew each epoch: seeded from the loop's (seed, epoch, rank), so a resumed run augments
         # as the uninterrupted one does (persistent ones keep the seed of the job's first epoch)
         loader = DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True, num_workers=processes,

@@ -4,6 +4,7 @@ checkpoints, pictures), not only the epoch's training time; the measured period 
 from __future__ import annotations
 
 import logging
+import os
 from types import SimpleNamespace
 
 import torch
@@ -78,3 +79,33 @@ def test_bad_images_skipped_in_the_loaders_processes_are_counted(tmp_path):
         images = sum(len(x) for x, _ in data.batches(epoch))
         assert expected >= 3 and images == len(dataset)
         assert data.stats["bad_images"][0]() == expected
+
+
+def test_parquet_shards_are_read_once_an_epoch_by_the_loaders_processes(tmp_path, monkeypatch):
+    """Training on Parquet shards with DataLoader processes: each shard is read about once an epoch, by one process,
+    which keeps a few (before: a permutation made every process read and keep every shard, the whole data set's
+    bytes in each: at ImageNet's ~140 GB, more than a node holds)."""
+    from ropim.data import footers
+    from ropim.data.convert import convert
+    from ropim.data.formats.parquet_rows import KEPT_FILES
+
+    convert(DataConfig(source="digits"), str(tmp_path / "shards"), shard_size=40, progress=False)
+    dataset = build_dataset(DataConfig(str(tmp_path / "shards")), "train", eval_transform(8), 8)
+    log, read = tmp_path / "reads.log", footers.read_columns
+
+    def logged(fs, file, columns, **kwargs):
+        if "image" in columns:
+            with open(log, "a") as out:
+                out.write(f"{os.getpid()} {file}\n")
+        return read(fs, file, columns, **kwargs)
+
+    monkeypatch.setattr(footers, "read_columns", logged)
+    job = ToyJob(dataloader_workers=2, global_batch_size=16, accum_steps=1)
+    task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
+                    worker=SimpleNamespace(rank=0, world=1, device=torch.device("cpu")))
+    data = task.sharded(dataset, 16, {})
+    assert sum(len(ys) for _, ys in data.batches(0)) == len(dataset) // 16 * 16  # the epoch whole
+    reads = [line.split() for line in log.read_text().splitlines()]
+    files = len(dataset.images.files)
+    assert files >= 30 and len({pid for pid, _ in reads}) == 2 and dataset.images.cache_files == KEPT_FILES
+    assert len(reads) <= files + 2 * KEPT_FILES, (len(reads), files)  # about once each (before: 2 × files)

@@ -175,7 +175,8 @@ class Source:
 
     def split(self, name: str | None, cache_files: int | None = None) -> Items:
         """The items of split ``name`` ('train' / 'val'), or of the whole source (None); ConfigError if none.
-        ``cache_files``: how many Parquet files' images a list keeps read (None: all)."""
+        ``cache_files``: how many Parquet files' images a list keeps read (None: a few, as a training order reads
+        them: ``ropim.data.sampling``)."""
         items = self.listed(name, cache_files)
         if len(items) == 0:
             what = f"split {name!r}" if name else "the data set"

@@ -23,8 +23,9 @@ import pyarrow.fs as pafs
 
 from ropim.data import footers
 from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
-from ropim.data.lists import ImageList, Items, SegList
-from ropim.errors import ConfigError, DataError, first_line
+from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, unreadable
+from ropim.data.lists import Items
+from ropim.errors import ConfigError, DataError
 from ropim.filesystems import filesystem as open_location
 from ropim.paths import is_uri
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 NAME = "parquet"
 TASKS = (CLASSIFY, SEGMENT)
 HINT = "give a folder, glob or URI of Parquet shards (`ropim data convert` writes them)"
-ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
 COLUMNS = {CLASSIFY: ("image", "label"), SEGMENT: ("image", "mask")}
 
 
@@ -46,13 +46,6 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
         if not is_uri(location):
             raise
         raise ConfigError(f"data source {location!r}: cannot open this URI ({err}); {HINT}") from None
-
-
-def unreadable(location: str, file: str, err: Exception) -> DataError:
-    """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
-    return DataError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
-                     "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
-                     "the shards that are missing), or move it out of the data set")
 
 
 def hidden(relpath: str) -> bool:
@@ -79,11 +72,6 @@ def parquet_files(location: str) -> tuple[pafs.FileSystem, list[str]]:
     if not files:
         raise ConfigError(f"data source {location!r}: no Parquet files found; {HINT}")
     return fs, sorted(files)
-
-
-def encoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """The encoded images of an ``image`` / ``mask`` column: itself, or a Hugging Face ``Image`` struct's ``bytes``."""
-    return pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
 
 
 def split_of(file: str) -> str | None:
@@ -134,73 +122,6 @@ def check(cfg: DataConfig) -> None:
     if not rows:
         raise ConfigError(f"data source {cfg.source!r}: {len(files)} Parquet file(s) but no rows; the data set is "
                           "empty")
-
-
-class ParquetList(ImageList):
-    """Selected rows of Parquet shards. Image bytes are read per file on first use and cached
-    (``cache_files`` files at a time; None keeps every file, for random access while training)."""
-
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], labels, paths, classes,
-                 cache_files: int | None = None) -> None:
-        super().__init__(labels, paths, classes)
-        self.fs, self.files, self.rows, self.cache_files = fs, files, rows, cache_files
-        self.offsets = np.cumsum([0] + [len(r) for r in rows])
-        self.cache: dict[int, pa.ChunkedArray] = {}
-
-    def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
-        try:
-            return encoded(footers.read_columns(self.fs, self.files[f], [name], **kwargs)[name])
-        except ERRORS as err:
-            raise unreadable(self.files[f], self.files[f], err) from None
-
-    def fingerprint(self) -> bytes:
-        """Each shard's path, size and modification time, and the rows taken from it (no data page read)."""
-        return b"".join(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode()
-                        + np.ascontiguousarray(rows, dtype=np.int64).tobytes()
-                        for info, rows in zip(self.fs.get_file_info(self.files), self.rows, strict=True))
-
-    def load(self, i: int) -> bytes:
-        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        if f not in self.cache:
-            if self.cache_files is not None and len(self.cache) >= self.cache_files:
-                self.cache.pop(next(iter(self.cache)))
-            self.cache[f] = self.column(f, "image").take(pa.array(self.rows[f]))
-        return self.cache[f][i - int(self.offsets[f])].as_py()
-
-    def head(self, k: int) -> list[tuple[str, bytes]]:
-        """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
-        any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
-        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
-        if f is None:
-            return []
-        group = self.column(f, "image", row_group=0)
-        rows = self.rows[f][self.rows[f] < len(group)][:k]
-        start = int(self.offsets[f])
-        return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
-
-    def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
-        return {**self.__dict__, "cache": {}}
-
-
-class ParquetSegList(SegList):
-    """Rows of Parquet shards (``image``, ``mask``); one file's selected rows are read at a time and cached."""
-
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: list[str], num_classes: int) -> None:
-        super().__init__(paths, num_classes)
-        self.fs, self.files, self.rows = fs, files, rows
-        self.offsets = np.cumsum([0] + [len(r) for r in rows])
-        self.cache: tuple[int, dict] | None = None
-
-    def raw(self, i: int) -> tuple[bytes, bytes]:
-        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        if self.cache is None or self.cache[0] != f:
-            table = footers.read_columns(self.fs, self.files[f], ["image", "mask"]).take(self.rows[f])
-            self.cache = (f, {c: encoded(table[c]).to_pylist() for c in ("image", "mask")})
-        j = i - int(self.offsets[f])
-        return self.cache[1]["image"][j], self.cache[1]["mask"][j]
-
-    def __getstate__(self):  # DataLoader workers read their own copy
-        return {**self.__dict__, "cache": None}
 
 
 def classes_of(cfg: DataConfig, fs, files: list[str]) -> list[str]:

@@ -1,0 +1,113 @@
+"""The Parquet format's item lists: the rows of shards a split selected, read a file at a time and kept a few files
+at a time (``KEPT_FILES``), as a training order reads them (``ropim.data.sampling``). No torch, no Ray, no MLflow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ropim.data import footers
+from ropim.data.lists import ImageList, SegList
+from ropim.errors import DataError, first_line
+
+ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
+
+
+def unreadable(location: str, file: str, err: Exception) -> DataError:
+    """The one error for a shard that cannot be read as Parquet, naming it and the fix."""
+    return DataError(f"data source {location!r}: {file} cannot be read as Parquet ({first_line(err)}); it is cut "
+                     "short or not a Parquet file: delete it and run the same `ropim data convert` again (it writes "
+                     "the shards that are missing), or move it out of the data set")
+
+
+def encoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The encoded images of an ``image`` / ``mask`` column: itself, or a Hugging Face ``Image`` struct's ``bytes``."""
+    return pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+
+
+KEPT_FILES = 4  # files a list keeps read: twice the blocks a training order reads together (ropim.data.sampling)
+
+
+def kept(cache: dict, f: int, size: int, read: Callable[[], object]):
+    """``cache[f]``, read first when it is not there; the entry read longest ago is dropped to keep ``size``."""
+    if f not in cache:
+        if len(cache) >= size:
+            cache.pop(next(iter(cache)))
+        cache[f] = read()
+    return cache[f]
+
+
+class ParquetList(ImageList):
+    """Selected rows of Parquet shards. Image bytes are read a file at a time, on first use, and kept
+    (``cache_files`` files; default ``KEPT_FILES``): a training order reads the files a few at a time
+    (``blocks``: ``ropim.data.sampling.BlockSampler``), so that no process holds the whole data set's bytes."""
+
+    def __init__(self, fs, files: list[str], rows: list[np.ndarray], labels, paths, classes,
+                 cache_files: int | None = None) -> None:
+        super().__init__(labels, paths, classes)
+        self.fs, self.files, self.rows, self.cache_files = fs, files, rows, cache_files or KEPT_FILES
+        self.offsets = np.cumsum([0] + [len(r) for r in rows])
+        self.cache: dict[int, pa.ChunkedArray] = {}
+
+    def blocks(self) -> np.ndarray:
+        return self.offsets
+
+    def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
+        try:
+            return encoded(footers.read_columns(self.fs, self.files[f], [name], **kwargs)[name])
+        except ERRORS as err:
+            raise unreadable(self.files[f], self.files[f], err) from None
+
+    def fingerprint(self) -> bytes:
+        """Each shard's path, size and modification time, and the rows taken from it (no data page read)."""
+        return b"".join(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode()
+                        + np.ascontiguousarray(rows, dtype=np.int64).tobytes()
+                        for info, rows in zip(self.fs.get_file_info(self.files), self.rows, strict=True))
+
+    def load(self, i: int) -> bytes:
+        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        images = kept(self.cache, f, self.cache_files, lambda: self.column(f, "image").take(pa.array(self.rows[f])))
+        return images[i - int(self.offsets[f])].as_py()
+
+    def head(self, k: int) -> list[tuple[str, bytes]]:
+        """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
+        any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
+        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
+        if f is None:
+            return []
+        group = self.column(f, "image", row_group=0)
+        rows = self.rows[f][self.rows[f] < len(group)][:k]
+        start = int(self.offsets[f])
+        return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
+
+    def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
+        return {**self.__dict__, "cache": {}}
+
+
+class ParquetSegList(SegList):
+    """Rows of Parquet shards (``image``, ``mask``), read a file at a time and kept (``KEPT_FILES`` files), as
+    ``ParquetList``'s."""
+
+    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: list[str], num_classes: int) -> None:
+        super().__init__(paths, num_classes)
+        self.fs, self.files, self.rows = fs, files, rows
+        self.offsets = np.cumsum([0] + [len(r) for r in rows])
+        self.cache: dict[int, dict] = {}
+
+    def blocks(self) -> np.ndarray:
+        return self.offsets
+
+    def read(self, f: int) -> dict[str, list]:
+        table = footers.read_columns(self.fs, self.files[f], ["image", "mask"]).take(self.rows[f])
+        return {c: encoded(table[c]).to_pylist() for c in ("image", "mask")}
+
+    def raw(self, i: int) -> tuple[bytes, bytes]:
+        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        pairs, j = kept(self.cache, f, KEPT_FILES, lambda: self.read(f)), i - int(self.offsets[f])
+        return pairs["image"][j], pairs["mask"][j]
+
+    def __getstate__(self):  # DataLoader workers read their own copy
+        return {**self.__dict__, "cache": {}}

@@ -1,0 +1,74 @@
+"""The order a worker reads its share of a training split in, an epoch at a time (``set_epoch``).
+
+Items read one at a time (image files, arrays) take torch's ``DistributedSampler``: a seeded permutation, strided
+over the ranks. Items read a block at a time (a Parquet file's rows: ``blocks``) take ``BlockSampler``: there a
+permutation would read every file for each image, or keep every file read (a whole ImageNet's bytes in every
+DataLoader process). ``BlockSampler`` shuffles the blocks, then the items within windows of ``window`` blocks, and
+gives rank r the r-th contiguous share; with the DataLoader's batch size and process count, it deals the share's
+batches so that each process reads its own blocks, once an epoch, holding at most two windows of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+WINDOW = 2  # blocks whose items are shuffled together; a reading process holds two windows at most (KEPT_FILES)
+
+
+class BlockSampler(Sampler[int]):
+    """``DistributedSampler``'s contract (``n // num_replicas`` items a rank, seeded per ``set_epoch``, the ranks'
+    shares disjoint) for a split read in blocks starting at ``offsets`` (the item count last). With ``batch`` and
+    ``processes`` (those of the DataLoader that reads it), batch k of the share comes from the (k mod processes)-th
+    contiguous part of it: the part a process reads, since a DataLoader gives its processes the batches in turn."""
+
+    def __init__(self, offsets: np.ndarray, num_replicas: int, rank: int, seed: int = 0, window: int = WINDOW,
+                 batch: int = 1, processes: int = 0) -> None:
+        self.offsets, self.num_replicas, self.rank, self.seed = np.asarray(offsets), num_replicas, rank, seed
+        self.window, self.batch, self.processes, self.epoch = window, batch, processes, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1]) // self.num_replicas
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        blocks = rng.permutation(len(self.offsets) - 1)
+        windows = [np.concatenate([np.arange(self.offsets[b], self.offsets[b + 1]) for b in blocks[w:w + self.window]])
+                   for w in range(0, len(blocks), self.window)]
+        order = np.concatenate([rng.permutation(items) for items in windows])
+        share = order[self.rank * len(self):(self.rank + 1) * len(self)]
+        if self.processes > 1:  # batch k from part k mod processes: each process reads its own blocks
+            parts = np.array_split(np.arange(len(share) // self.batch), self.processes)  # the longer ones first
+            dealt = [part[turn] for turn in range(len(parts[0])) for part in parts if turn < len(part)]
+            share = np.concatenate([share[k * self.batch:(k + 1) * self.batch] for k in dealt]
+                                   + [share[len(dealt) * self.batch:]])  # the rest: fewer than a batch
+        return iter(share.tolist())
+
+
+def mixing_note(dataset: Dataset) -> str | None:
+    """A warning when a labelled split read in blocks holds few of its classes in each (shards written in class
+    order): ``BlockSampler``'s batches, drawn from a window of blocks, would hold few classes; else None."""
+    blocks, labels = getattr(dataset, "blocks", lambda: None)(), getattr(dataset, "labels", None)
+    if blocks is None or labels is None or len(dataset.classes) < 2:
+        return None
+    spans = [labels[a:b] for a, b in zip(blocks[:-1], blocks[1:], strict=True) if b > a]
+    median = float(np.median([len(np.unique(s)) / min(len(s), len(dataset.classes)) for s in spans]))
+    if median >= 0.5:
+        return None
+    return (f"the Parquet shards hold few classes each (median {100 * median:.0f}% of the classes a shard of its size "
+            f"could hold): training reads {WINDOW} shards at a time, so its batches would hold few classes; rewrite "
+            "them with `ropim data convert` (it shuffles the images over the shards)")
+
+
+def train_sampler(dataset: Dataset, num_replicas: int, rank: int, seed: int, batch: int = 1,
+                  processes: int = 0) -> Sampler[int]:
+    """A worker's order over ``dataset`` (reshuffled per ``set_epoch``, ``n // num_replicas`` items): a
+    ``BlockSampler`` where the data set reads in blocks (``blocks()``), else a ``DistributedSampler``."""
+    blocks = getattr(dataset, "blocks", lambda: None)()
+    if blocks is None:
+        return DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
+                                  drop_last=True)
+    return BlockSampler(blocks, num_replicas, rank, seed, batch=batch, processes=processes)
