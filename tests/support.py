@@ -278,3 +278,18 @@ def decode_in_loader_processes(monkeypatch) -> None:
 
     splits = downstream.eval_splits
     monkeypatch.setattr(downstream, "eval_splits", lambda *args: tuple(InLoaderProcess(d) for d in splits(*args)))
+
+
+def log_shard_reads(monkeypatch, log: Path) -> None:
+    """Append "<pid> <file>" to ``log`` each time any process forked from here reads a Parquet shard's images."""
+    from ropim.data import footers
+
+    read = footers.read_columns
+
+    def logged(fs, file, columns, **kwargs):
+        if "image" in columns:
+            with open(log, "a") as out:
+                out.write(f"{os.getpid()} {file}\n")
+        return read(fs, file, columns, **kwargs)
+
+    monkeypatch.setattr(footers, "read_columns", logged)

@@ -40,12 +40,25 @@ class BlockSampler(Sampler[int]):
                    for w in range(0, len(blocks), self.window)]
         order = np.concatenate([rng.permutation(items) for items in windows])
         share = order[self.rank * len(self):(self.rank + 1) * len(self)]
-        if self.processes > 1:  # batch k from part k mod processes: each process reads its own blocks
-            parts = np.array_split(np.arange(len(share) // self.batch), self.processes)  # the longer ones first
-            dealt = [part[turn] for turn in range(len(parts[0])) for part in parts if turn < len(part)]
-            share = np.concatenate([share[k * self.batch:(k + 1) * self.batch] for k in dealt]
-                                   + [share[len(dealt) * self.batch:]])  # the rest: fewer than a batch
-        return iter(share.tolist())
+        return iter(share[dealt(len(share), self.batch, self.processes)].tolist())
+
+
+def dealt(count: int, batch: int, processes: int) -> np.ndarray:
+    """Positions 0…count-1 reordered so that batch k (of ``batch`` items) comes from the (k mod ``processes``)-th
+    contiguous part: a DataLoader gives its processes the batches in turn, so each reads its own part (its own
+    blocks, where items are read in blocks). The last, partial batch's items stay last; 0 or 1 process: in order."""
+    if processes < 2:
+        return np.arange(count)
+    parts = np.array_split(np.arange(count // batch), processes)  # the longer ones first
+    turns = [part[turn] for turn in range(len(parts[0])) for part in parts if turn < len(part)]
+    return np.concatenate([np.arange(k * batch, (k + 1) * batch) for k in turns]
+                          + [np.arange(len(turns) * batch, count)]).astype(np.int64)
+
+
+def contiguous_share(count: int, rank: int, world: int) -> range:
+    """Rank ``rank``'s share of ``count`` items for an evaluation: contiguous (so that, read in blocks, each block is
+    read by one rank), the shares' sizes differing by one at most."""
+    return range(rank * count // world, (rank + 1) * count // world)
 
 
 def mixing_note(dataset: Dataset) -> str | None:

@@ -23,6 +23,7 @@ from ropim.checks import check_encoder_input
 from ropim.console import Pace, ensure_logging
 from ropim.data.config import DataConfig
 from ropim.data.datasets import ImageArrayDataset, ImageListDataset, eval_splits
+from ropim.data.sampling import dealt
 from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_probe
 from ropim.eval.linear import linear_probe
@@ -78,7 +79,8 @@ def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: Da
     for split, ds in (("train", train_set), ("val", val_set)):
         feats[f"{split}_x"], feats[f"{split}_y"] = extract_features(
             encoder, ds, cfg.batch_size, device, cfg.dataloader_workers,
-            progress=Pace(f"[probe] {split} features", len(ds), log.info))
+            progress=Pace(f"[probe] {split} features", len(ds), log.info),
+            order=dealt(len(ds), cfg.batch_size, cfg.dataloader_workers))  # each process reads its own part
     n = len(feats["train_x"]) + len(feats["val_x"])
     log.info(f"[probe] features of {n} images in {time.perf_counter() - t0:.1f} s "
              f"({n / (time.perf_counter() - t0):.0f} img/s)")

@@ -21,6 +21,7 @@ from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_splits, eval_transform
+from ropim.data.sampling import contiguous_share, dealt
 from ropim.errors import ConfigError
 from ropim.eval.features import Cancelled, extract_features
 from ropim.eval.knn import knn_neighbours, knn_votes, nearest
@@ -120,19 +121,21 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
     With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
-    (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts every
-    world-th image of both splits and the workers join their kNN candidates (and the probe's train features, on rank
-    0 alone): the same scores in a world-th of the time, returned by rank 0 (the others return ``{}``).
+    (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts a
+    contiguous world-th of both splits (a Parquet shard is read by one worker) and the workers join their kNN
+    candidates (and the probe's train features, on rank 0 alone): the same scores in a world-th of the time,
+    returned by rank 0 (the others return ``{}``).
     ``processes`` DataLoader processes decode the images (the job's ``dataloader_workers``; 0: this process)."""
     split_over = worker if worker is not None and worker.world > 1 else None
     rank, world = (worker.rank, worker.world) if split_over else (0, 1)
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
 
     def features(split: str, dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        share = Subset(dataset, range(rank, len(dataset), world)) if split_over else dataset
+        share = Subset(dataset, contiguous_share(len(dataset), rank, world)) if split_over else dataset
         what = f"{progress}, {split} features" + (" (rank 0's share)" if split_over else "")
         pace = Pace(what, len(share), log.info) if progress and rank == 0 else None
-        return extract_features(encoder, share, num_workers=processes, cancelled=cancelled, progress=pace)
+        return extract_features(encoder, share, num_workers=processes, cancelled=cancelled, progress=pace,
+                                order=dealt(len(share), 256, processes))  # each process reads its own part
 
     train_x, train_y = features("train", train_set)
     val_x, val_y = features("val", val_set)
@@ -160,13 +163,14 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
 
 def joined(worker: Worker, share: torch.Tensor, total: int, rows: int = 16384,
            first: bool = False) -> torch.Tensor | None:
-    """Every worker's share (rank r: items r, r + world, …) of ``total`` items, joined in their order on every
-    worker (``first``: on rank 0 alone, the others get None), on CPU; gathered ``rows`` per worker at a time, so
-    that no device holds world × a share at once."""
+    """Every worker's share (rank r: ``contiguous_share(total, r, world)``) of ``total`` items, joined in their
+    order on every worker (``first``: on rank 0 alone, the others get None), on CPU; gathered ``rows`` per worker
+    at a time, so that no device holds world × a share at once."""
     world, gather = worker.world, worker.gather_to_first if first else worker.gather
     per = -(-total // world)  # the largest share; smaller ones are padded to it
     padded = torch.cat([share, share.new_zeros(per - len(share), *share.shape[1:])])
     parts = [gather(padded[i:i + rows]) for i in range(0, per, rows)]  # each (world, ≤ rows, …), or None
     if parts[0] is None:
         return None
-    return torch.cat(parts, dim=1).transpose(0, 1).flatten(0, 1)[:total]
+    every = torch.cat(parts, dim=1)  # (world, per, …)
+    return torch.cat([every[r, :len(contiguous_share(total, r, world))] for r in range(world)])

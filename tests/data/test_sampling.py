@@ -5,9 +5,9 @@ disjoint share, and a DataLoader's processes each read their own blocks; other s
 from __future__ import annotations
 
 import numpy as np
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
-from ropim.data.sampling import WINDOW, BlockSampler, mixing_note, train_sampler
+from ropim.data.sampling import WINDOW, BlockSampler, dealt, mixing_note, train_sampler
 
 SIZES = [7, 5, 9, 3, 8, 6, 10, 4, 5, 7]  # items of each of 10 blocks: 64 in all
 OFFSETS = np.cumsum([0, *SIZES])
@@ -57,3 +57,29 @@ def test_shards_in_class_order_are_warned_of():
     shuffled = np.random.default_rng(0).permutation(labels)
     assert mixing_note(SimpleNamespace(blocks=lambda: blocks, labels=shuffled, classes=classes)) is None
     assert mixing_note(SimpleNamespace(labels=labels, classes=classes)) is None  # read image by image
+
+
+class Reader(Dataset):
+    """4,000 items in blocks of 1,000; an item is its index and the DataLoader process that read it."""
+
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return i, get_worker_info().id
+
+
+def blocks_read(order) -> list[set[int]]:
+    """The blocks each of 2 DataLoader processes read, batches of 250 in ``order``."""
+    read = [set(), set()]
+    for items, process in DataLoader(Subset(Reader(), list(order)), batch_size=250, num_workers=2):
+        read[int(process[0])] |= {int(i) // 1000 for i in items}
+    return read
+
+
+def test_dealt_batches_give_each_loader_process_its_own_blocks():
+    in_turn = blocks_read(range(4000))  # a DataLoader gives its processes the batches in turn
+    assert in_turn == [{0, 1, 2, 3}, {0, 1, 2, 3}]  # both read every block
+    own = blocks_read(dealt(4000, 250, 2))
+    assert own == [{0, 1}, {2, 3}] and sorted(dealt(4000, 250, 2)) == list(range(4000))
+    assert list(dealt(10, 4, 1)) == list(range(10)) and sorted(dealt(10, 4, 3)) == list(range(10))

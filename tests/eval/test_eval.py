@@ -102,3 +102,17 @@ def test_topk_and_confusion_match_a_direct_count():
     assert conf[target[0], scores[0].argmax()] >= 1
     recall = per_class_accuracy(conf)
     assert recall[3] == pytest.approx(100 * conf[3, 3].item() / conf[3].sum().item())
+
+
+def test_features_read_in_another_order_come_back_in_the_datasets():
+    from ropim.eval.features import extract_features
+
+    encoder = torch.nn.Linear(4, 3)
+    encoder.forward_features = encoder.forward
+    encoder.forward_head = lambda f, pre_logits: f
+    data = torch.utils.data.TensorDataset(torch.randn(10, 4), torch.arange(10))
+    here_x, here_y = extract_features(encoder, data, batch_size=3)
+    read = [9, 0, 8, 1, 7, 2, 6, 3, 5, 4]
+    seen = []
+    x, y = extract_features(encoder, data, batch_size=3, order=read, progress=seen.append)
+    assert torch.equal(y, here_y) and torch.allclose(x, here_x) and seen == [3, 3, 3, 1]

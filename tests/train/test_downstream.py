@@ -11,10 +11,11 @@ import timm
 import torch
 import torch.multiprocessing as mp
 from gloo_loop import GlooWorker
-from support import decode_in_loader_processes
+from support import decode_in_loader_processes, log_shard_reads
 
 from ropim.data.config import DataConfig
 from ropim.data.datasets import eval_splits
+from ropim.data.sampling import contiguous_share
 from ropim.train.downstream import frozen_scores, joined
 
 
@@ -42,14 +43,14 @@ class Receiving(GlooWorker):
 
 
 def two_rank_scores(rank: int, init: str, out) -> None:
-    """Rank ``rank`` of 2: the split scores, ``joined`` of items 0…6 (rank r holds r, r + 2, …) on every worker and
+    """Rank ``rank`` of 2: the split scores, ``joined`` of items 0…6 (rank 0 holds 0…2, rank 1 3…6) on every worker and
     on rank 0 alone, and the feature rows the worker received; puts them or the error."""
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
         worker = Receiving(rank, 2)
-        items = [joined(worker, torch.arange(rank, 7, 2), 7).tolist()]
-        first = joined(worker, torch.arange(rank, 7, 2), 7, first=True)
+        items = [joined(worker, torch.tensor(contiguous_share(7, rank, 2)), 7).tolist()]
+        first = joined(worker, torch.tensor(contiguous_share(7, rank, 2)), 7, first=True)
         items.append(first.tolist() if first is not None else None)
         scores = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, worker=worker)
         out.put((rank, scores, (items, worker.rows)))
@@ -102,3 +103,21 @@ def test_images_decode_in_dataloader_processes_to_the_same_scores(monkeypatch):
         frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False)
     # a job's dataloader_workers decode: the images in their order, the same scores
     assert frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False, processes=2) == here
+
+
+def test_parquet_shards_are_read_about_once_by_an_evaluations_processes(tmp_path, monkeypatch):
+    """An evaluation over Parquet shards, decoded in 2 DataLoader processes: each pass reads each shard about once,
+    the processes keeping a few (``KEPT_FILES``), and scores as in one process."""
+    from ropim.data.convert import convert
+
+    convert(DataConfig(source="digits"), str(tmp_path / "shards"), shard_size=40, progress=False)
+    log = tmp_path / "reads.log"
+    log_shard_reads(monkeypatch, log)
+    torch.set_num_threads(1)
+    data = DataConfig(str(tmp_path / "shards"))
+    scores = frozen_scores(tiny_encoder(), 32, data, knn_k=20, linear=False, processes=2)
+    reads = log.read_text().splitlines()
+    files = len(list((tmp_path / "shards").glob("*.parquet")))
+    assert len({r.split()[0] for r in reads}) == 4  # 2 processes a split, none in this one
+    assert len(reads) <= 2 * files + 8, (len(reads), files)  # the splits are seeded fractions of the same shards
+    assert scores == frozen_scores(tiny_encoder(), 32, data, knn_k=20, linear=False)

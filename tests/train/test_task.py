@@ -4,12 +4,12 @@ checkpoints, pictures), not only the epoch's training time; the measured period 
 from __future__ import annotations
 
 import logging
-import os
 from types import SimpleNamespace
 
 import torch
 from gloo_loop import ToyJob
 from PIL import Image
+from support import log_shard_reads
 
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_transform
@@ -85,21 +85,13 @@ def test_parquet_shards_are_read_once_an_epoch_by_the_loaders_processes(tmp_path
     """Training on Parquet shards with DataLoader processes: each shard is read about once an epoch, by one process,
     which keeps a few (before: a permutation made every process read and keep every shard, the whole data set's
     bytes in each: at ImageNet's ~140 GB, more than a node holds)."""
-    from ropim.data import footers
     from ropim.data.convert import convert
     from ropim.data.formats.parquet_rows import KEPT_FILES
 
     convert(DataConfig(source="digits"), str(tmp_path / "shards"), shard_size=40, progress=False)
     dataset = build_dataset(DataConfig(str(tmp_path / "shards")), "train", eval_transform(8), 8)
-    log, read = tmp_path / "reads.log", footers.read_columns
-
-    def logged(fs, file, columns, **kwargs):
-        if "image" in columns:
-            with open(log, "a") as out:
-                out.write(f"{os.getpid()} {file}\n")
-        return read(fs, file, columns, **kwargs)
-
-    monkeypatch.setattr(footers, "read_columns", logged)
+    log = tmp_path / "reads.log"
+    log_shard_reads(monkeypatch, log)
     job = ToyJob(dataloader_workers=2, global_batch_size=16, accum_steps=1)
     task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
                     worker=SimpleNamespace(rank=0, world=1, device=torch.device("cpu")))

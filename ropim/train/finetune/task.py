@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Subset
 
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.datasets import build_dataset, eval_transform
+from ropim.data.sampling import contiguous_share, dealt
 from ropim.eval.metrics import confusion_matrix, topk_hits
 from ropim.train.downstream import classifier_from
 from ropim.train.finetune.config import FinetuneConfig
@@ -98,8 +99,9 @@ class FinetuneTask(EncoderTask):
     def data(self, worker: Worker, micro_batch: int) -> EpochData:
         cfg = self.cfg
         val_set = build_dataset(cfg.data, "val", eval_transform(self.img_size), self.img_size)
-        self.val_loader = DataLoader(Subset(val_set, range(worker.rank, len(val_set), worker.world)),
-                                     batch_size=max(micro_batch, 64), num_workers=cfg.dataloader_workers)
+        batch, share = max(micro_batch, 64), contiguous_share(len(val_set), worker.rank, worker.world)
+        order = [share[i] for i in dealt(len(share), batch, cfg.dataloader_workers)]  # a process reads its own part
+        self.val_loader = DataLoader(Subset(val_set, order), batch_size=batch, num_workers=cfg.dataloader_workers)
         return self.sharded(self.train_set, micro_batch)
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:

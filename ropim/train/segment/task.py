@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Subset
 
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.data.lists import IGNORE
+from ropim.data.sampling import contiguous_share, dealt
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
 from ropim.data.sources import open_source
 from ropim.eval.segmentation import pixel_confusion, predict_logits, segmentation_scores
@@ -43,7 +44,8 @@ def evaluate_confusion(model: torch.nn.Module, dataset, indices, cfg: SegmentCon
     was_training = model.training
     model.eval()
     conf = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    for image, mask in DataLoader(Subset(dataset, indices), batch_size=None, num_workers=processes):
+    order = [indices[i] for i in dealt(len(indices), 1, processes)]  # each process reads its own part
+    for image, mask in DataLoader(Subset(dataset, order), batch_size=None, num_workers=processes):
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = predict_logits(model, image.to(device), cfg.crop_size, num_classes, cfg.eval_mode,
                                     cfg.eval_stride, out_size=tuple(mask.shape))
@@ -97,7 +99,7 @@ class SegmentTask(EncoderTask):
 
     def evaluate(self, model: torch.nn.Module, epoch: int, final: bool) -> dict[str, float]:
         k, w = len(self.classes), self.worker
-        share = range(w.rank, len(self.val_set), w.world)
+        share = contiguous_share(len(self.val_set), w.rank, w.world)
         conf = evaluate_confusion(model, self.val_set, share, self.cfg, k, w.device, self.amp_dtype,
                                   self.eval_pace(epoch, len(share)), self.cfg.dataloader_workers)
         conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
