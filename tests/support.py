@@ -257,24 +257,27 @@ def undecodable_shard(folder: Path, bad: bool = True) -> None:
                              "path": [f"img{i}.png" for i in range(40)]}), folder / "train-00000.parquet")
 
 
+class InLoaderProcess:
+    """A map-style data set that raises when an item is read outside a DataLoader process (in the evaluating or
+    training process itself)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is None:
+            raise RuntimeError("an image decoded in the evaluating process")
+        return self.dataset[i]
+
+
 def decode_in_loader_processes(monkeypatch) -> None:
-    """Make ``ropim.train.downstream``'s evaluation splits raise when an image is decoded outside a DataLoader
-    process (the evaluating process itself)."""
-    from torch.utils.data import Dataset, get_worker_info
-
+    """Make ``ropim.train.downstream``'s evaluation splits ``InLoaderProcess`` data sets."""
     from ropim.train import downstream
-
-    class InLoaderProcess(Dataset):
-        def __init__(self, dataset) -> None:
-            self.dataset = dataset
-
-        def __len__(self) -> int:
-            return len(self.dataset)
-
-        def __getitem__(self, i: int):
-            if get_worker_info() is None:
-                raise RuntimeError("an evaluation image decoded in the evaluating process")
-            return self.dataset[i]
 
     splits = downstream.eval_splits
     monkeypatch.setattr(downstream, "eval_splits", lambda *args: tuple(InLoaderProcess(d) for d in splits(*args)))

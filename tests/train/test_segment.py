@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import encoder_folder, run_cli, write_ade20k
+from support import InLoaderProcess, encoder_folder, run_cli, write_ade20k
 
 from ropim.console import Pace
 from ropim.core.config import ModelConfig
@@ -136,21 +136,8 @@ def test_digits_in_this_process_follow_warm_up_then_poly_decay(workdir, encoder,
 
 
 def test_val_images_decode_in_dataloader_processes_to_the_same_confusion():
-    from torch.utils.data import Dataset, get_worker_info
-
     from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform
     from ropim.train.segment.task import evaluate_confusion
-
-    class InLoaderProcess(Dataset):  # a val image decoded in the evaluating process raises
-        def __init__(self, dataset) -> None:
-            self.dataset = dataset
-
-        def __len__(self) -> int:
-            return len(self.dataset)
-
-        def __getitem__(self, i: int):
-            assert get_worker_info() is not None, "a val image decoded in the evaluating process"
-            return self.dataset[i]
 
     cfg = SegmentConfig(encoder="enc", data=SegDataConfig(canvases=12, canvas_size=32), crop_size=32)
     val = build_seg_dataset(cfg.data, "val", seg_eval_transform(32))
