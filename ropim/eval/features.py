@@ -30,7 +30,8 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
     feats, labels = [], []
     try:
         # a generator of its own, so that the global one is left alone (evaluations may run beside training)
-        read = Subset(dataset, list(order)) if order is not None else dataset
+        order = list(order) if order is not None else None
+        read = Subset(dataset, order) if order is not None else dataset
         loader = DataLoader(read, batch_size=batch_size, num_workers=num_workers, generator=torch.Generator())
         for x, y in loader:
             if cancelled is not None and cancelled():
@@ -44,7 +45,7 @@ def extract_features(encoder: torch.nn.Module, dataset: Dataset, batch_size: int
         encoder.train(was_training)
     features, labels = torch.cat(feats), torch.cat(labels)
     if order is not None:  # back to the dataset's order
-        back = torch.as_tensor(list(order)).argsort()
+        back = torch.as_tensor(order).argsort()
         features, labels = features[back], labels[back]
     if not torch.isfinite(features).all():  # a kNN or probe on NaN features still returns a chance-level number
         bad = int((~torch.isfinite(features)).any(1).sum())

@@ -134,8 +134,9 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
         share = Subset(dataset, contiguous_share(len(dataset), rank, world)) if split_over else dataset
         what = f"{progress}, {split} features" + (" (rank 0's share)" if split_over else "")
         pace = Pace(what, len(share), log.info) if progress and rank == 0 else None
-        return extract_features(encoder, share, num_workers=processes, cancelled=cancelled, progress=pace,
-                                order=dealt(len(share), 256, processes))  # each process reads its own part
+        batch = 256  # each process reads its own part: dealt in the extraction's batches
+        return extract_features(encoder, share, batch, num_workers=processes, cancelled=cancelled, progress=pace,
+                                order=dealt(len(share), batch, processes))
 
     train_x, train_y = features("train", train_set)
     val_x, val_y = features("val", val_set)
