@@ -151,7 +151,7 @@ def _memory_blocks(images, shuffle_seed: int | None) -> list[pa.Table]:
     """An in-memory split as Arrow blocks of file names or raw pixels (permuted once when shuffling)."""
     order = np.arange(len(images)) if shuffle_seed is None else np.random.default_rng(shuffle_seed).permutation(
         len(images))
-    cols = {"label": pa.array(images.labels[order]), "path": pa.array([images.paths[i] for i in order])}
+    cols = {"label": pa.array(images.labels[order]), "path": images.paths[order].array.cast(pa.string())}
     if isinstance(images, FileList):
         cols["file"] = pa.array([images.file(i) for i in order])
     elif isinstance(images, ArrayList):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 from PIL import Image
 
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, decode_mask, decode_rgb, label_map, reason, try_decode
+from ropim.data.item_paths import ItemPaths, joined
 from ropim.errors import ConfigError
 
 IGNORE = 255  # the label of pixels that count for no class
@@ -30,12 +32,8 @@ def png(data: bytes | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def take(values, idx: np.ndarray):
-    return values[idx] if isinstance(values, np.ndarray) else [values[i] for i in idx]
-
-
-def join(parts: list):
-    return np.concatenate(parts) if isinstance(parts[0], np.ndarray) else [v for p in parts for v in p]
+def concatenated(parts: list[np.ndarray] | list[ItemPaths]) -> np.ndarray | ItemPaths:
+    return joined(parts) if isinstance(parts[0], ItemPaths) else np.concatenate(parts)
 
 
 class Items:
@@ -47,7 +45,7 @@ class Items:
     PER_ITEM: ClassVar[tuple[str, ...]] = ("paths",)  # constructor arguments holding one entry per item
     SHARED: ClassVar[tuple[str, ...]] = ()  # constructor arguments holding for every item
 
-    paths: list[str]
+    paths: ItemPaths
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -60,13 +58,13 @@ class Items:
     def subset(self, idx: np.ndarray):
         """The items at ``idx``, of the same kind."""
         return type(self)(**{k: getattr(self, k) for k in self.SHARED},
-                          **{k: take(getattr(self, k), idx) for k in self.PER_ITEM})
+                          **{k: getattr(self, k)[idx] for k in self.PER_ITEM})
 
     def concat(self, *others: Items):
         """These items followed by ``others`` (of the same kind and root)."""
         parts = (self, *others)
         return type(self)(**{k: getattr(self, k) for k in self.SHARED},
-                          **{k: join([getattr(p, k) for p in parts]) for k in self.PER_ITEM})
+                          **{k: concatenated([getattr(p, k) for p in parts]) for k in self.PER_ITEM})
 
     def row(self, i: int, bad: BadImages) -> dict | None:
         raise NotImplementedError
@@ -84,8 +82,8 @@ class ImageList(Items):
     PER_ITEM = ("labels", "paths")
     SHARED = ("classes",)
 
-    def __init__(self, labels: np.ndarray, paths: list[str], classes: list[str]) -> None:
-        self.labels, self.paths, self.classes = np.asarray(labels, dtype=np.int64), list(paths), classes
+    def __init__(self, labels: np.ndarray, paths: Iterable[str], classes: list[str]) -> None:
+        self.labels, self.paths, self.classes = np.asarray(labels, dtype=np.int64), ItemPaths(paths), classes
 
     def fingerprint(self) -> bytes:
         """What the listed images are, without decoding them: it changes when they do (``ropim probe``'s cache).
@@ -198,8 +196,8 @@ class SegList(Items):
     UNIT = "pair"
     SHARED = ("num_classes",)
 
-    def __init__(self, paths: list[str], num_classes: int, reduce_zero_label: bool = False) -> None:
-        self.paths, self.num_classes, self.reduce_zero_label = list(paths), num_classes, reduce_zero_label
+    def __init__(self, paths: Iterable[str], num_classes: int, reduce_zero_label: bool = False) -> None:
+        self.paths, self.num_classes, self.reduce_zero_label = ItemPaths(paths), num_classes, reduce_zero_label
 
     def raw(self, i: int) -> tuple[bytes | np.ndarray, bytes | np.ndarray]:
         raise NotImplementedError
@@ -257,7 +255,7 @@ class ArraySegList(SegList):
 
     PER_ITEM = ("images", "masks", "paths")
 
-    def __init__(self, images: np.ndarray, masks: np.ndarray, paths: list[str], num_classes: int) -> None:
+    def __init__(self, images: np.ndarray, masks: np.ndarray, paths: Iterable[str], num_classes: int) -> None:
         super().__init__(paths, num_classes)
         self.images, self.masks = images, masks
 
@@ -272,10 +270,10 @@ class FileSegList(SegList):
     PER_ITEM = ("paths", "masks")
     SHARED = ("root", "num_classes", "reduce_zero_label")
 
-    def __init__(self, root: str, paths: list[str], masks: list[str], num_classes: int,
+    def __init__(self, root: str, paths: Iterable[str], masks: Iterable[str], num_classes: int,
                  reduce_zero_label: bool) -> None:
         super().__init__(paths, num_classes, reduce_zero_label)
-        self.root, self.masks = root, list(masks)
+        self.root, self.masks = root, ItemPaths(masks)
 
     def mask_name(self, i: int) -> str:
         return self.masks[i]

@@ -3,7 +3,7 @@ at a time (``KEPT_FILES``), as a training order reads them (``ropim.data.samplin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -91,7 +91,7 @@ class ParquetSegList(SegList):
     """Rows of Parquet shards (``image``, ``mask``), read a file at a time and kept (``KEPT_FILES`` files), as
     ``ParquetList``'s."""
 
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: list[str], num_classes: int) -> None:
+    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: Iterable[str], num_classes: int) -> None:
         super().__init__(paths, num_classes)
         self.fs, self.files, self.rows = fs, files, rows
         self.offsets = np.cumsum([0] + [len(r) for r in rows])
