@@ -46,13 +46,14 @@ class Share:
         return gathered_on_first(values, self.rank, self.world, self.device)
 
 
-def scores(data: str, linear: bool, worker: Share | None = None) -> tuple[dict, float]:
-    """(scores, seconds) of the random encoder on ``data``, on one thread."""
+def scores(data: str, linear: bool, worker: Share | None = None, train_images: int | None = None) -> tuple[dict, float]:
+    """(scores, seconds) of the random encoder on ``data``, on one thread (``train_images``: the bank's sample)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same weights in every process
     encoder = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=6, num_classes=0)
     t0 = time.perf_counter()
-    found = frozen_scores(encoder, 32, DataConfig(source=data), knn_k=20, linear=linear, worker=worker)
+    found = frozen_scores(encoder, 32, DataConfig(source=data), knn_k=20, linear=linear, worker=worker,
+                          train_images=train_images)
     return found, time.perf_counter() - t0
 
 

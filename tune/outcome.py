@@ -48,12 +48,6 @@ def dataset_key(data: dict) -> str:
     return data["source"] + "?" + "&".join(f"{k}={v}" for k, v in split.items())
 
 
-def metric_key(metric: str, pretrain: dict) -> str:
-    """The metric with its protocol, e.g. ``knn_top1@k=20`` (kNN top-1 with k = 20 is not k = 10);
-    ``linear_top1`` is the linear probe with ``ropim.probe``'s default schedule."""
-    return f"{metric}@k={pretrain['knn_k']}" if metric.startswith("knn") else metric
-
-
 def collect_rows(grid, cfg: SweepConfig, uri: str, parent_run_id: str) -> list[dict]:
     """One row per trial (in creation order): knob values, metric, status, child MLflow run, final checkpoint."""
     c = store.client(uri)
@@ -124,7 +118,7 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
                  "base_lr": full["base_lr"], "seed": full["seed"]}.items():
         c.set_model_version_tag(name, version, k, str(v))
     m = trial_cfg.model
-    decisions = promote_champion(name, version, metric_key(cfg.metric, full), dataset_key(full["data"]),
+    decisions = promote_champion(name, version, trial_cfg.protocol(cfg.metric), dataset_key(full["data"]),
                                  float(best[cfg.metric]), higher_is_better=cfg.mode == "max", uri=uri,
                                  model=(m.arch, m.patch_size, m.img_size))
     registry.describe(name, version, uri)  # the card now holds the sweep and its score

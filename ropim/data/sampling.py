@@ -61,6 +61,14 @@ def contiguous_share(count: int, rank: int, world: int) -> range:
     return range(rank * count // world, (rank + 1) * count // world)
 
 
+def sample(count: int, n: int | None, seed: int = 0) -> np.ndarray:
+    """The positions of a seeded sample of ``n`` of ``count`` items (all of them when ``n`` is None or ≥ ``count``),
+    ascending: read in blocks, each block is read once. The same ``count``, ``n`` and ``seed`` give the same sample."""
+    if n is None or n >= count:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, n, replace=False))
+
+
 def mixing_note(dataset: Dataset) -> str | None:
     """A warning when a labelled split read in blocks holds few of its classes in each (shards written in class
     order): ``BlockSampler``'s batches, drawn from a window of blocks, would hold few classes; else None."""

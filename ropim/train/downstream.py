@@ -21,7 +21,7 @@ from ropim.core.backbone import build_classifier, classifier_spec
 from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import DataConfig
 from ropim.data.datasets import build_dataset, eval_splits, eval_transform
-from ropim.data.sampling import contiguous_share, dealt
+from ropim.data.sampling import contiguous_share, dealt, sample
 from ropim.errors import ConfigError
 from ropim.eval.features import Cancelled, extract_features
 from ropim.eval.knn import knn_neighbours, knn_votes, nearest
@@ -116,9 +116,12 @@ def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:
 
 def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn_k: int = 20,
                   linear: bool = True, cancelled: Callable[[], bool] | None = None,
-                  progress: str | None = None, worker: Worker | None = None, processes: int = 0) -> dict[str, float]:
+                  progress: str | None = None, worker: Worker | None = None, processes: int = 0,
+                  train_images: int | None = None) -> dict[str, float]:
     """Top-1 (%) of frozen pooled features on the val split, the train split as memory bank / probe training set:
     ``knn_top1`` (cosine kNN, k = ``knn_k``) and, with ``linear``, ``linear_top1`` (ropim.eval.linear's probe).
+    ``train_images``: the bank is a sample of that many train images (``ropim.data.sampling.sample``, seed 0: the
+    same at every evaluation and in every run on the same data); None: the whole train split.
     ``cancelled`` (asked before each batch and before the probe): True raises ``ropim.eval.features.Cancelled``.
     With ``progress`` (a line's start, e.g. ``[graft] epoch 5 kNN``), a long extraction says its progress
     (``ropim.console.Pace``). With ``worker`` (every worker of a job calls it at once), each worker extracts a
@@ -129,6 +132,8 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
     split_over = worker if worker is not None and worker.world > 1 else None
     rank, world = (worker.rank, worker.world) if split_over else (0, 1)
     train_set, val_set = eval_splits(data, img_size)  # one listing of the source for both
+    if train_images is not None and train_images < len(train_set):
+        train_set = Subset(train_set, sample(len(train_set), train_images).tolist())
 
     def features(split: str, dataset) -> tuple[torch.Tensor, torch.Tensor]:
         share = Subset(dataset, contiguous_share(len(dataset), rank, world)) if split_over else dataset

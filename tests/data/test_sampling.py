@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
-from ropim.data.sampling import WINDOW, BlockSampler, dealt, mixing_note, train_sampler
+from ropim.data.sampling import WINDOW, BlockSampler, dealt, mixing_note, sample, train_sampler
 
 SIZES = [7, 5, 9, 3, 8, 6, 10, 4, 5, 7]  # items of each of 10 blocks: 64 in all
 OFFSETS = np.cumsum([0, *SIZES])
@@ -83,3 +83,10 @@ def test_dealt_batches_give_each_loader_process_its_own_blocks():
     own = blocks_read(dealt(4000, 250, 2))
     assert own == [{0, 1}, {2, 3}] and sorted(dealt(4000, 250, 2)) == list(range(4000))
     assert list(dealt(10, 4, 1)) == list(range(10)) and sorted(dealt(10, 4, 3)) == list(range(10))
+
+
+def test_a_sample_is_seeded_ascending_and_distinct():
+    picked = sample(1000, 100)
+    assert len(set(picked.tolist())) == 100 and (np.diff(picked) > 0).all() and picked.max() < 1000
+    assert (picked == sample(1000, 100)).all() and not (picked == sample(1000, 100, seed=1)).all()
+    assert (sample(50, None) == np.arange(50)).all() and (sample(50, 80) == np.arange(50)).all()

@@ -32,12 +32,13 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
         if any(m["epoch"] == 3 and "loss" in m for m in epochs):
             recorded.set()
 
-    calls = []
+    calls, banks = [], []
 
     def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
-                    processes=0):
+                    processes=0, train_images=None):
         """The test hook: epoch 2's evaluation (the first) ends only after epoch 3 has been trained and recorded;
         a loop that waited for it would wait here until the timeout."""
+        banks.append(train_images)
         first = not calls
         calls.append({"thread": threading.current_thread().name, "saw_epoch_3": recorded.is_set()})
         if first:
@@ -46,11 +47,13 @@ def test_training_goes_on_while_an_evaluation_runs(workdir, monkeypatch):
 
     monkeypatch.setattr(store, "log_epochs", logging)
     monkeypatch.setattr(module, "frozen_scores", slow_scores)
-    cfg = tiny_pretrain(run_name="background-eval", num_workers=0, epochs=4, max_steps_per_epoch=2, eval_every=2)
+    cfg = tiny_pretrain(run_name="background-eval", num_workers=0, epochs=4, max_steps_per_epoch=2, eval_every=2,
+                        eval_train_images=50)
     result = run(cfg)
 
     assert calls[0] == {"thread": "ropim-eval_0", "saw_epoch_3": True}  # training went on past epoch 3
     assert calls[1]["thread"] == threading.current_thread().name  # the final epoch: inline, in the loop
+    assert banks == [50, 50]  # both evaluations on the job's sample of the train split
     assert result.metrics["epoch"] == 4 and result.metrics["knn_top1"] == 20.0  # in the last report (Tune's)
     assert result.model_uri is not None
     c = store.client()
@@ -109,7 +112,7 @@ def test_evaluations_slower_than_epochs_do_not_pile_up(workdir, monkeypatch, cap
         return make_room(self)
 
     def slow_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
-                    processes=0):
+                    processes=0, train_images=None):
         """Epoch 1's evaluation lasts until epoch 4 is recorded (before) or the loop waits for it (now), then 0.1 s."""
         while not (recorded.is_set() or held.is_set()):
             time.sleep(0.01)
@@ -137,7 +140,7 @@ def stopped_while_evaluating(monkeypatch, run_name: str) -> list[str]:
     started, ended = threading.Event(), []
 
     def endless_scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
-                       processes=0):
+                       processes=0, train_images=None):
         started.set()
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 30 and not (cancelled is not None and cancelled()):
@@ -181,7 +184,7 @@ def test_a_resume_evaluates_the_epoch_whose_evaluation_a_stop_cut_short(workdir,
     scored = []
 
     def scores(encoder, img_size, data, knn_k=20, linear=True, cancelled=None, progress=None, worker=None,
-                    processes=0):
+               processes=0, train_images=None):
         scored.append(sum(float(p.detach().sum()) for p in encoder.parameters()))
         return {"knn_top1": 50.0 + len(scored)}
 

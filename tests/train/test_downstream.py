@@ -25,6 +25,9 @@ def tiny_encoder() -> torch.nn.Module:
     return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=2, num_classes=0)
 
 
+SAMPLED = 300  # train images in the kNN bank of the sampled evaluation
+
+
 class Receiving(GlooWorker):
     """A gloo worker that counts the rows of features (192 wide: ViT-T's) it receives from the workers."""
 
@@ -53,7 +56,10 @@ def two_rank_scores(rank: int, init: str, out) -> None:
         first = joined(worker, torch.tensor(contiguous_share(7, rank, 2)), 7, first=True)
         items.append(first.tolist() if first is not None else None)
         scores = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, worker=worker)
-        out.put((rank, scores, (items, worker.rows)))
+        rows = worker.rows
+        scores["sampled"] = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False,
+                                          worker=worker, train_images=SAMPLED).get("knn_top1")
+        out.put((rank, scores, (items, rows)))
     except BaseException:
         out.put((rank, traceback.format_exc(), None))
         raise
@@ -82,7 +88,7 @@ def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
     (everywhere, first), received = got[0][1]
     assert everywhere == got[1][1][0][0] == first == list(range(7))  # every worker's share joined in the items' order
     assert got[1][1][0][1] is None  # joined on rank 0 alone
-    assert got[1][0] == {}  # rank 0 reports
+    assert got[1][0] == {"sampled": None}  # rank 0 reports
     train, val = (len(split) for split in eval_splits(DataConfig(source="digits"), 32))
     # both hold every val feature (each scores all of val against its share of the bank); the probe's train features
     # reach rank 0 alone (before: every worker, ~3.9 GB each at ImageNet-1k's 1.28 M images × ViT-B's 768)
@@ -90,9 +96,27 @@ def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
     torch.set_num_threads(1)
     whole = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20)
     split = got[0][0]
+    sampled = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False,
+                            train_images=SAMPLED)["knn_top1"]
+    assert split.pop("sampled") == pytest.approx(sampled, abs=100 / 360 + 1e-9)  # a sample of the bank: the same one
     assert set(split) == {"knn_top1", "linear_top1"}
     # a random ViT on digits: far above chance (10%); the same scores (features of an image equal to float rounding)
     assert split["knn_top1"] > 30 and split == pytest.approx(whole, abs=100 / 360 + 1e-9), (split, whole)
+
+
+def test_a_sampled_bank_holds_that_many_train_images():
+    """``train_images=1``: every val image's nearest train image is the one sampled, so kNN top-1 is the share of val
+    images of its class; the whole bank scores far above it."""
+    from ropim.data.sampling import sample
+
+    data = DataConfig(source="digits")
+    train, val = eval_splits(data, 32)
+    label = train[int(sample(len(train), 1)[0])][1]
+    share = 100 * sum(val[i][1] == label for i in range(len(val))) / len(val)
+    torch.set_num_threads(1)
+    one = frozen_scores(tiny_encoder(), 32, data, knn_k=20, linear=False, train_images=1)
+    assert one == {"knn_top1": pytest.approx(share)}
+    assert frozen_scores(tiny_encoder(), 32, data, knn_k=20, linear=False)["knn_top1"] > share + 20
 
 
 def test_images_decode_in_dataloader_processes_to_the_same_scores(monkeypatch):

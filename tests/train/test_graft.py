@@ -171,3 +171,18 @@ def test_local_paths_resolve_against_the_callers_folder(tmp_path, monkeypatch):
     remote = GraftConfig(encoder="models:/ropim-encoder@champion", storage_path="s3://bucket/runs").resolved()
     assert (remote.encoder, remote.storage_path, remote.data.source) == ("models:/ropim-encoder@champion",
                                                                          "s3://bucket/runs", "digits")
+
+
+def test_a_grafts_evaluation_scores_on_its_sample_of_the_train_split(first_stage, workdir, monkeypatch):
+    from ropim.train.graft import task as module
+
+    banks, real = [], module.frozen_scores
+
+    def spied(*args, **kwargs):
+        banks.append(kwargs.get("train_images"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "frozen_scores", spied)
+    result = run(tiny_graft(first_stage[0], run_name="lgp-sampled", eval_every=2, eval_train_images=40,
+                            registered_model=""))
+    assert banks == [40] and 0 < result.metrics["knn_top1"] <= 100  # the final epoch's evaluation, on 40 images

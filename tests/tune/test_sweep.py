@@ -28,7 +28,7 @@ from ropim.tracking.run_meta import read_run_meta
 from tune import report
 from tune.config import SweepConfig
 from tune.driver import run_sweep
-from tune.outcome import SweepResult, metric_key
+from tune.outcome import SweepResult
 from tune.preflight import prepare
 from tune.resources import PG_FOLDER, release, release_all
 from tune.spaces import apply_trial, n_grid_points, to_tune, validate_space
@@ -155,7 +155,7 @@ def test_linear_probe_objective(workdir):
     assert not cfg.pretrain["eval_linear_probe"]
     cfg = prepare(cfg)
     assert cfg.pretrain["eval_linear_probe"] and cfg.mode == "max"
-    assert metric_key("linear_top1", cfg.pretrain) == "linear_top1"
+    assert PretrainConfig.from_dict(cfg.pretrain).protocol("linear_top1") == "linear_top1"
     with pytest.raises(ArgumentError, match="metric"):
         config_from_args(["--metric", "loss", *TINY])
 

@@ -10,22 +10,23 @@ from ropim.checks import COUNT, POSITIVE, Range
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.encoder_job import EncoderJob
+from ropim.train.frozen_eval import FrozenEvalJob
 
 LGP_LOWER_SHARE = 2 / 3  # LGP's ViT-B: blocks 1-8 of 12 at the lower rate ("1.5e-5,1.5e-5,1.5e-4" over 3 thirds)
 
 
 @dataclass(frozen=True)
-class GraftConfig(EncoderJob):
+class GraftConfig(EncoderJob, FrozenEvalJob):
     """MoCo v3 on top of a registered encoder, the lower blocks at a fraction of the rate (LGP); ``ropim graft
     --help`` lists it."""
 
     NAME = "graft"
-    RULES = {**EncoderJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
-             "beta2": Range(0, 1, high_open=True), "lower_blocks": Range(0, integer=True, optional=True),
+    RULES = {**EncoderJob.RULES, **FrozenEvalJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT,
+             "accum_steps": COUNT, "beta2": Range(0, 1, high_open=True),
+             "lower_blocks": Range(0, integer=True, optional=True),
              "lower_lr_ratio": Range(0, 1, low_open=True), "temperature": POSITIVE,
              "momentum": Range(0, 1, high_open=True), "proj_dim": COUNT, "mlp_dim": COUNT,
-             "crop_min": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True),
-             "eval_every": Range(0, integer=True), "knn_k": COUNT}
+             "crop_min": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True)}
     warmup_prefix = True  # MoCo v3's schedule: after the warm-up, a half cosine over the remaining epochs
 
     global_batch_size: int = 128
@@ -58,10 +59,6 @@ class GraftConfig(EncoderJob):
     """RandomResizedCrop's smallest area share"""
     drop_path: float = 0.0
     """stochastic depth of the encoder while grafting (MoCo v3 uses none)"""
-    eval_linear_probe: bool = False
-    """on eval epochs (kNN top-1 of the encoder) also fit a linear probe: linear_top1"""
-    knn_k: int = 20
-    """neighbours of the kNN top-1 evaluation (every eval_every epochs)"""
     experiment: str = "ropim-graft"
     registered_model: str = DEFAULT_ENCODER_NAME
     """the grafted encoder: a new version of this model ("": none)"""

@@ -9,18 +9,18 @@ from ropim.checks import COUNT, POSITIVE, OneOf, Range, check_data_cpus, local_c
 from ropim.core.config import ModelConfig
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
-from ropim.train.job import JobConfig
+from ropim.train.frozen_eval import FrozenEvalJob
 
 
 @dataclass(frozen=True)
-class PretrainConfig(JobConfig):
+class PretrainConfig(FrozenEvalJob):
     """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
 
     NAME = "pretrain"
-    RULES = {**JobConfig.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
-             "beta2": Range(0, 1, high_open=True), "eval_every": Range(0, integer=True),
-             "viz_every": Range(0, integer=True), "knn_k": COUNT, "ingest": OneOf(("torch", "ray_data"))}
-    RESUMABLE = (*JobConfig.RESUMABLE, "eval_async")
+    RULES = {**FrozenEvalJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
+             "beta2": Range(0, 1, high_open=True), "viz_every": Range(0, integer=True),
+             "ingest": OneOf(("torch", "ray_data"))}
+    RESUMABLE = (*FrozenEvalJob.RESUMABLE, "eval_async")
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(img_size=32, patch_size=4))
     """the encoder, its corruption and its loss (``--model.*``)"""
@@ -39,14 +39,10 @@ class PretrainConfig(JobConfig):
     scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)"""
     ingest: str = "torch"
     """torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded"""
-    eval_linear_probe: bool = False
-    """on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1"""
     eval_async: bool = True
     """eval epochs before the job's last run beside training (false: inline, what ASHA needs)"""
     viz_every: int = 10
     """epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)"""
-    knn_k: int = 20
-    """neighbours of the kNN top-1 evaluation (every eval_every epochs)"""
     experiment: str = "ropim-pretrain"
     registered_model: str = DEFAULT_ENCODER_NAME
 

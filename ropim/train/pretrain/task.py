@@ -166,7 +166,7 @@ class PretrainTask(Task):
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
                                  cancelled=cancelled, progress=progress, worker=worker,
-                                 processes=cfg.dataloader_workers)
+                                 processes=cfg.dataloader_workers, train_images=cfg.eval_train_images)
 
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)

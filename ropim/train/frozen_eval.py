@@ -1,0 +1,34 @@
+"""The jobs that watch the encoder they train on frozen features, every ``eval_every`` epochs (``FrozenEvalJob``:
+pretrain, graft): a kNN top-1 and, on request, a linear probe's, the train split as memory bank and probe training
+set. Imports nothing heavy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ropim.checks import COUNT, Range
+from ropim.train.job import JobConfig
+
+
+@dataclass(frozen=True)
+class FrozenEvalJob(JobConfig):
+    """A job scored by kNN (and a linear probe) of its encoder's frozen features on eval epochs."""
+
+    RULES = {**JobConfig.RULES, "eval_every": Range(0, integer=True), "knn_k": COUNT,
+             "eval_train_images": Range(1, integer=True, optional=True)}
+
+    eval_linear_probe: bool = False
+    """on eval epochs also fit a linear probe (ropim.eval.linear): linear_top1"""
+    knn_k: int = 20
+    """neighbours of the kNN top-1 evaluation (every eval_every epochs)"""
+    eval_train_images: int | None = None
+    """the kNN bank and the probe's training set: a sample of this many train images (the same at every evaluation
+    and in every run on the same data; its scores are named with it: knn_top1@k=20,train=N); None: the whole split.
+    At ImageNet size an evaluation beside training (rank 0 alone) extracts 1.28 M images: a sample makes it short"""
+
+    def protocol(self, metric: str) -> str:
+        """``metric`` with what it depends on, e.g. ``knn_top1@k=20`` (k = 20 is not k = 10) or
+        ``linear_top1@train=50000``: scores under one name compare (the champion rule, ``tune``)."""
+        parts = [f"k={self.knn_k}"] * metric.startswith("knn")
+        parts += [f"train={self.eval_train_images}"] * (self.eval_train_images is not None)
+        return f"{metric}@{','.join(parts)}" if parts else metric
