@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from knn_split import scores  # bench/, beside this file
-from record import provenance, write_json
+from record import provenance, side_by_side, write_json
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -32,12 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     whole, whole_s = scores(args.data, args.linear)
     sampled, sampled_s = scores(args.data, args.linear, train_images=args.train_images)
-    print(f"{'train split as bank':<28}{'seconds':>9}  scores")
-    print(f"{'whole':<28}{whole_s:>9.1f}  {whole}")
-    print(f"{f'sample of {args.train_images}':<28}{sampled_s:>9.1f}  {sampled}")
-    print(f"speed-up: {whole_s / sampled_s:.2f}x")
-    report = {"data": args.data, "train_images": args.train_images, "whole": {"seconds": whole_s, "scores": whole},
-              "sampled": {"seconds": sampled_s, "scores": sampled}, "speedup": whole_s / sampled_s,
+    runs = {"whole": ("whole", whole, whole_s), "sampled": (f"sample of {args.train_images}", sampled, sampled_s)}
+    report = {"data": args.data, "train_images": args.train_images, **side_by_side("train split as bank", runs),
               **provenance("bench/eval_sample.py", argv, t0)}
     write_json(report, args.out)
     return report

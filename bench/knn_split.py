@@ -22,7 +22,7 @@ from pathlib import Path
 import timm
 import torch
 import torch.multiprocessing as mp
-from record import provenance, write_json  # bench/, beside this file
+from record import provenance, side_by_side, write_json  # bench/, beside this file
 
 from ropim.data.config import DataConfig
 from ropim.train.collectives import gathered, gathered_on_first
@@ -92,12 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     one, one_s = scores(args.data, args.linear)
     many, many_s = split(args.data, args.workers, args.linear)
-    print(f"{'evaluation':<28}{'seconds':>9}  scores")
-    print(f"{'one worker':<28}{one_s:>9.1f}  {one}")
-    print(f"{f'split over {args.workers} workers':<28}{many_s:>9.1f}  {many}")
-    print(f"speed-up: {one_s / many_s:.2f}x")
-    report = {"data": args.data, "workers": args.workers, "one_worker": {"seconds": one_s, "scores": one},
-              "split": {"seconds": many_s, "scores": many}, "speedup": one_s / many_s,
+    report = {"data": args.data, "workers": args.workers,
+              **side_by_side("evaluation", {"one_worker": ("one worker", one, one_s),
+                                            "split": (f"split over {args.workers} workers", many, many_s)}),
               **provenance("bench/knn_split.py", argv, t0)}
     write_json(report, args.out)
     return report

@@ -24,3 +24,15 @@ def write_json(report: dict, out: Path) -> None:
     """Write ``report`` to ``out`` (folders made as needed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
+
+
+def side_by_side(what: str, runs: dict[str, tuple[str, dict, float]]) -> dict:
+    """Print two ``runs`` (key → (label, scores, seconds)) as a table, then the first's seconds over the second's;
+    return them for the JSON: {key: {"seconds", "scores"}, …, "speedup"}."""
+    print(f"{what:<28}{'seconds':>9}  scores")
+    for label, scores, seconds in runs.values():
+        print(f"{label:<28}{seconds:>9.1f}  {scores}")
+    (_, _, first), (_, _, second) = runs.values()
+    print(f"speed-up: {first / second:.2f}x")
+    return {**{key: {"seconds": seconds, "scores": scores} for key, (_, scores, seconds) in runs.items()},
+            "speedup": first / second}
