@@ -143,6 +143,7 @@ CASES = {  # id: (argv, what the one line must name)
     "segment one image per worker": ((*SEG, "--batch_size", "2", "--num_workers", "2"),
                                      "needs at least 2 images per worker"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
+    "empty kNN bank": ((*PRE, "--eval_train_images", "0"), "eval_train_images=0: must be an integer ≥ 1 (or null)"),
     "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
     "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
     "sweep name escapes": (("sweep", "--name", "../x"), "name='../x'"),
