@@ -42,8 +42,10 @@ class StepGuard:
     skipped: int = 0  # fp16: consecutive steps the grad scaler skipped
 
     def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-             params: Callable[[], Iterator[torch.nn.Parameter]], describe: Callable[[float], str]) -> None:
-        """Unscale (fp16), clip to ``clip_grad``, check, step, zero; ``describe(norm)`` words a divergence."""
+             params: Callable[[], Iterator[torch.nn.Parameter]],
+             describe: Callable[[float], str]) -> torch.Tensor | None:
+        """Unscale (fp16), clip to ``clip_grad``, check, step, zero; ``describe(norm)`` words a divergence. Returns the
+        gradients' total norm before clipping (a 0-d tensor on their device), None for a step fp16's scaler skipped."""
         if scaler:
             scaler.unscale_(optimizer)
         grads = [p for p in params() if p.grad is not None]
@@ -65,6 +67,7 @@ class StepGuard:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return norm.detach() if finite else None
 
 
 def write_stop(run_dir: str, message: str, epoch: int, step: int) -> None:

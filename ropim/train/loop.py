@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import resource
 import shutil
@@ -76,7 +77,10 @@ class EpochTally:
     """What one worker measured in one epoch."""
 
     loss_sum: torch.Tensor  # sum over steps of the step's mean loss
+    norm_sum: torch.Tensor  # sum over the applied steps of the gradients' norm before clipping
+    clipped: torch.Tensor  # applied steps whose norm exceeded clip_grad
     steps: int = 0
+    applied: int = 0  # steps that reached the weights (fp16's scaler skips some)
     images: int = 0
     wait_s: float = 0.0  # time spent waiting for the next batch
     time_s: float = 0.0
@@ -140,7 +144,7 @@ class Loop:
         """Up to ``self.steps`` optimizer steps, each over ``accum_steps`` micro batches; every worker ends the epoch
         at the first step some worker lacks the data for (``next_step``)."""
         cfg, worker, device = self.cfg, self.worker, self.worker.device
-        tally, t0 = EpochTally(torch.zeros((), device=device)), time.perf_counter()
+        tally, t0 = EpochTally(*(torch.zeros((), device=device) for _ in range(3))), time.perf_counter()
         batches = self.data.batches(epoch)
         for _ in range(self.steps):
             micro = self.next_step(batches, tally, epoch)
@@ -156,9 +160,7 @@ class Loop:
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                 tally.loss_sum += loss.detach().float() / cfg.accum
                 tally.images += n
-            self.guard.step(self.optimizer, self.scaler, self.model.parameters,
-                            lambda norm, loss=loss: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm "
-                                                    f"{norm:.4g}, loss {loss.item():.4g} at lr {self.lr:.3g}")
+            self.apply(tally, loss, epoch)
             self.step += 1
             tally.steps += 1
             self.scheduler.step_update(self.step)
@@ -166,6 +168,16 @@ class Loop:
                 self.progress(epoch, loss, tally, t0)
         tally.time_s = time.perf_counter() - t0
         return tally
+
+    def apply(self, tally: EpochTally, loss: torch.Tensor, epoch: int) -> None:
+        """The step's gradients to the weights (``StepGuard``: clipped, checked); their norm into ``tally``."""
+        norm = self.guard.step(self.optimizer, self.scaler, self.model.parameters,
+                               lambda norm: f"step {self.step + 1} (epoch {epoch + 1}): gradient norm {norm:.4g}, "
+                                            f"loss {loss.item():.4g} at lr {self.lr:.3g}")
+        if norm is not None:  # summed on the device: no sync
+            tally.norm_sum += norm.float()
+            tally.clipped += norm > (self.cfg.clip_grad or math.inf)
+            tally.applied += 1
 
     def next_step(self, batches: Iterator, tally: EpochTally, epoch: int) -> list | None:
         """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's
@@ -203,19 +215,22 @@ class Loop:
 
     def epoch_stats(self, tally: EpochTally) -> dict[str, float]:
         """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory (the
-        device's, and the largest worker's resident memory), and the task's extra statistics (summed or maxed)."""
-        extra = self.data.stats
+        device's, and the largest worker's resident memory), the gradients' mean norm before clipping (and, with
+        ``clip_grad``, the share of steps it clipped), and the task's extra statistics (summed or maxed)."""
+        extra, applied = self.data.stats, max(tally.applied, 1)
         values = [tally.loss_sum.item() / max(tally.steps, 1), tally.images, tally.time_s,
                   peak_memory_mb(self.worker.device), tally.wait_s / max(tally.time_s, 1e-9), peak_rss_mb(),
+                  tally.norm_sum.item() / applied, tally.clipped.item() / applied,
                   *(read() for read, _ in extra.values())]
         g = self.worker.gather(torch.tensor(values, dtype=torch.float64))  # (world, k)
-        reduced = [g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean(), g[:, 5].max()]
-        reduced += [g[:, 6 + i].sum() if how == "sum" else g[:, 6 + i].max()
+        reduced = [g[:, 0].mean(), g[:, 1].sum(), g[:, 2].max(), g[:, 3].max(), g[:, 4].mean(), g[:, 5].max(),
+                   g[:, 6].mean(), g[:, 7].mean()]  # the norms: DDP's all-reduced gradients, alike on every worker
+        reduced += [g[:, 8 + i].sum() if how == "sum" else g[:, 8 + i].max()
                     for i, (_, how) in enumerate(extra.values())]
-        loss, images, time_s, peak_mb, wait_share, rss_mb, *rest = (v.item() for v in reduced)
+        loss, images, time_s, peak_mb, wait_share, rss_mb, norm, clipped, *rest = (v.item() for v in reduced)
         return {self.task.loss_name: loss, "img_per_s": images / time_s, "epoch_time_s": time_s,
-                "peak_mem_mb": peak_mb, "peak_rss_mb": rss_mb, "data_wait_share": wait_share,
-                **dict(zip(extra, rest, strict=True))}
+                "peak_mem_mb": peak_mb, "peak_rss_mb": rss_mb, "data_wait_share": wait_share, "grad_norm": norm,
+                **({"clipped_share": clipped} if self.cfg.clip_grad else {}), **dict(zip(extra, rest, strict=True))}
 
     def run(self) -> None:
         """Train from the restored epoch to the job's last epoch; record and report every epoch, checkpoint when

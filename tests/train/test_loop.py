@@ -156,3 +156,27 @@ def test_a_resumed_run_with_dataloader_processes_augments_as_the_uninterrupted_o
     resumed = run(resume_config(JOBS["pretrain"], "stop-resume-loader", cfg.storage_path, num_workers=0))
     for (_, a), (_, b) in zip(history(resumed.run_id, "loss"), history(straight.run_id, "loss"), strict=True):
         assert a == pytest.approx(b, rel=1e-6)
+
+
+@pytest.mark.parametrize("clip", [1e-6, 1e6])
+def test_each_epoch_reports_the_gradient_norm_before_clipping_and_the_share_clipped(tmp_path, clip):
+    """One step an epoch (2 micro batches) on the toy task: the norm is the same whatever ``clip_grad`` does to it
+    afterwards; a bound under it clips every step, a bound over it none."""
+    seen = []
+    task = ToyTask({0: 2}, 1, str(tmp_path))
+    task.epoch_end = lambda model, metrics: seen.append(metrics)
+    cfg = dataclasses.replace(toy_loop_config(epochs=1), clip_grad=clip)
+    loop.Loop(task, cfg, LocalWorker(tmp_path, 1)).run()
+    unclipped = []
+    plain = ToyTask({0: 2}, 1, str(tmp_path / "plain"))
+    plain.epoch_end = lambda model, metrics: unclipped.append(metrics)
+    loop.Loop(plain, toy_loop_config(epochs=1), LocalWorker(tmp_path / "plain", 1)).run()
+    assert seen[0]["grad_norm"] == pytest.approx(unclipped[0]["grad_norm"]) and seen[0]["grad_norm"] > 1e-3
+    assert seen[0]["clipped_share"] == (1.0 if clip < 1 else 0.0)
+    assert "clipped_share" not in unclipped[0]  # no clip_grad: nothing to count
+
+
+def test_a_runs_gradient_norms_are_in_mlflow(straight):
+    norms, clipped = history(straight.run_id, "grad_norm"), history(straight.run_id, "clipped_share")
+    assert [s for s, _ in norms] == [s for s, _ in clipped] == [1, 2, 3]  # every epoch, pretraining's clip_grad 5.0
+    assert all(v > 0 for _, v in norms) and all(0 <= v <= 1 for _, v in clipped)
