@@ -76,6 +76,7 @@ class Task(ABC):
         self.total_steps = 0  # set by the loop: optimizer steps of the whole run (a schedule's length)
         self.amp_dtype: torch.dtype | None = None  # set by the loop: its autocast dtype (None: fp32)
         self.memory_shown = False  # the epoch line said what a worker needs in memory
+        self.starving_shown = False  # the job said once that its workers wait for data
         self.first_epoch_line: tuple[int, float] | None = None  # rank 0: this process's first (epoch, time)
         self.epoch_period: float | None = None  # rank 0: mean seconds from one epoch line to the next in this process
         self.unsent: list[dict] = []  # rank 0: epoch records the tracking store has not taken yet (``record``)
@@ -186,6 +187,9 @@ class Task(ABC):
         self.memory_shown = True
         log.info(f"[{cfg.kind}] epoch {epoch}/{cfg.epochs} {' '.join(shown)} {metrics['img_per_s']:.1f} img/s "
                  f"{metrics['epoch_time_s']:.1f} s ETA {left}{memory}")
+        if not self.starving_shown and (note := starving_note(cfg, metrics)):
+            self.starving_shown = True
+            log.warning(f"[{cfg.kind}] epoch {epoch}: {note} (said once)")
 
     def eval_pace(self, epoch: int, share: int) -> Pace | None:
         """Rank 0: the progress of epoch ``epoch``'s val evaluation over its ``share`` of the images (each worker
@@ -227,6 +231,24 @@ class EncoderTask(Task):
     def __init__(self, config: dict, worker: Worker) -> None:
         super().__init__(config, worker)
         self.state, self.enc_cfg = registry.load_encoder_files(self.cfg.encoder, self.tracking)
+
+
+STARVING_SHARE, STARVING_S = 0.3, 10.0  # an epoch's share of time waiting for batches, and its seconds, said
+
+
+def starving_note(cfg: JobConfig, metrics: dict) -> str | None:
+    """What to do when the workers waited for their batches for ``STARVING_SHARE`` of an epoch (and at least
+    ``STARVING_S`` seconds: not a smoke run's start-up): the images decode slower than the model trains; else None."""
+    share = metrics.get("data_wait_share", 0.0)
+    if share < STARVING_SHARE or share * metrics["epoch_time_s"] < STARVING_S:
+        return None
+    said = f"the workers waited for their images {100 * share:.0f}% of the epoch (data_wait_share in MLflow)"
+    if getattr(cfg, "ingest", "torch") == "ray_data":
+        return (f"{said}: Ray Data's decode tasks do not keep up; leave them more of the cluster's CPUs (a smaller "
+                f"--cpus_per_worker, now {cfg.cpus_per_worker:g}) or use --ingest torch with --dataloader_workers")
+    return (f"{said}: the images decode slower than the model trains; decode in more processes: --dataloader_workers "
+            f"(now {cfg.dataloader_workers}; each worker needs the CPUs for them: --cpus_per_worker, now "
+            f"{cfg.cpus_per_worker:g})")
 
 
 def percents(metrics: dict, *keys: str) -> list[str]:

@@ -60,6 +60,30 @@ def test_a_resumed_process_measures_from_its_own_first_line(monkeypatch, caplog)
 
 
 
+def test_workers_waiting_for_their_images_are_told_once_what_to_raise(caplog):
+    task = LineTask({"cfg": ToyJob(epochs=300, dataloader_workers=2).to_dict(), "run_id": "r", "tracking_uri": "t",
+                     "run_dir": "d"}, worker=None)
+    line = {"loss": 1.0, "img_per_s": 10.0, "peak_rss_mb": 1024}
+    with caplog.at_level(logging.INFO, logger="ropim.train"):
+        task.epoch_end(None, {**line, "epoch": 1, "epoch_time_s": 20.0, "data_wait_share": 0.4})  # 8 s: start-up
+        task.epoch_end(None, {**line, "epoch": 2, "epoch_time_s": 60.0, "data_wait_share": 0.2})  # 12 s, 20%
+        task.epoch_end(None, {**line, "epoch": 3, "epoch_time_s": 60.0, "data_wait_share": 0.45})
+        task.epoch_end(None, {**line, "epoch": 4, "epoch_time_s": 60.0, "data_wait_share": 0.5})
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == ["[toy] epoch 3: the workers waited for their images 45% of the epoch (data_wait_share in MLflow): "
+                    "the images decode slower than the model trains; decode in more processes: --dataloader_workers "
+                    "(now 2; each worker needs the CPUs for them: --cpus_per_worker, now 1) (said once)"]
+
+
+def test_ray_datas_decode_tasks_that_do_not_keep_up_ask_for_cpus():
+    from ropim.train.pretrain.config import PretrainConfig
+
+    note = task_module.starving_note(PretrainConfig(ingest="ray_data", cpus_per_worker=0.5),
+                                     {"epoch_time_s": 100.0, "data_wait_share": 0.6})
+    assert note.endswith("Ray Data's decode tasks do not keep up; leave them more of the cluster's CPUs (a smaller "
+                         "--cpus_per_worker, now 0.5) or use --ingest torch with --dataloader_workers")
+
+
 def test_bad_images_skipped_in_the_loaders_processes_are_counted(tmp_path):
     """With ``dataloader_workers`` > 0 the images are decoded in the DataLoader's processes: the epoch's
     ``bad_images`` counts the ones they skipped, each once (before: 0, the count stayed in each of those processes)."""
