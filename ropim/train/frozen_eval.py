@@ -28,7 +28,9 @@ class FrozenEvalJob(JobConfig):
 
     def protocol(self, metric: str) -> str:
         """``metric`` with what it depends on, e.g. ``knn_top1@k=20`` (k = 20 is not k = 10) or
-        ``linear_top1@train=50000``: scores under one name compare (the champion rule, ``tune``)."""
+        ``linear_top1@train=50000``: scores under one name compare (the champion rule, ``tune``). Other metrics (a
+        fine-tune's top-1) depend on neither."""
         parts = [f"k={self.knn_k}"] * metric.startswith("knn")
-        parts += [f"train={self.eval_train_images}"] * (self.eval_train_images is not None)
+        parts += [f"train={self.eval_train_images}"] * (self.eval_train_images is not None
+                                                         and metric.startswith(("knn", "linear")))
         return f"{metric}@{','.join(parts)}" if parts else metric

@@ -16,6 +16,7 @@ def test_a_score_is_named_with_what_it_depends_on(cls):
     assert cls(knn_k=10, eval_train_images=5000).protocol("knn_top1") == "knn_top1@k=10,train=5000"
     assert cls().protocol("linear_top1") == "linear_top1"
     assert cls(eval_train_images=5000).protocol("linear_top1") == "linear_top1@train=5000"
+    assert cls(eval_train_images=5000).protocol("finetune_top1") == "finetune_top1"  # no bank in a fine-tune
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5])
