@@ -20,7 +20,7 @@ def lr():
 
 
 def test_epoch_lines_are_read_as_the_loop_writes_them(lr, caplog):
-    fake = SimpleNamespace(cfg=SimpleNamespace(kind="pretrain", epochs=300), memory_shown=False,
+    fake = SimpleNamespace(cfg=SimpleNamespace(kind="pretrain", epochs=300), memory_shown=False, starving_shown=False,
                            first_epoch_line=None, epoch_period=None)
     metrics = {"epoch": 12, "epoch_time_s": 0.43, "img_per_s": 150.0, "peak_rss_mb": 1100.0}
     caplog.set_level(logging.INFO, logger="ropim.train")
