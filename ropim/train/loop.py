@@ -216,7 +216,8 @@ class Loop:
     def epoch_stats(self, tally: EpochTally) -> dict[str, float]:
         """The epoch over all workers: mean loss and wait share, total img/s, slowest epoch time, peak memory (the
         device's, and the largest worker's resident memory), the gradients' mean norm before clipping (and, with
-        ``clip_grad``, the share of steps it clipped), and the task's extra statistics (summed or maxed)."""
+        ``clip_grad``, the share of steps it clipped; with fp16's scaler, the steps it skipped), and the task's extra
+        statistics (summed or maxed)."""
         extra, applied = self.data.stats, max(tally.applied, 1)
         values = [tally.loss_sum.item() / max(tally.steps, 1), tally.images, tally.time_s,
                   peak_memory_mb(self.worker.device), tally.wait_s / max(tally.time_s, 1e-9), peak_rss_mb(),
@@ -230,7 +231,8 @@ class Loop:
         loss, images, time_s, peak_mb, wait_share, rss_mb, norm, clipped, *rest = (v.item() for v in reduced)
         return {self.task.loss_name: loss, "img_per_s": images / time_s, "epoch_time_s": time_s,
                 "peak_mem_mb": peak_mb, "peak_rss_mb": rss_mb, "data_wait_share": wait_share, "grad_norm": norm,
-                **({"clipped_share": clipped} if self.cfg.clip_grad else {}), **dict(zip(extra, rest, strict=True))}
+                **({"clipped_share": clipped} if self.cfg.clip_grad else {}), **dict(zip(extra, rest, strict=True)),
+                **({"skipped_steps": tally.steps - tally.applied} if self.scaler else {})}  # alike on every worker
 
     def run(self) -> None:
         """Train from the restored epoch to the job's last epoch; record and report every epoch, checkpoint when

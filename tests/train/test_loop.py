@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 from gloo_loop import ToyTask, toy_loop_config
 from support import encoder_folder, tiny_finetune, tiny_pretrain
 
@@ -180,3 +181,22 @@ def test_a_runs_gradient_norms_are_in_mlflow(straight):
     norms, clipped = history(straight.run_id, "grad_norm"), history(straight.run_id, "clipped_share")
     assert [s for s, _ in norms] == [s for s, _ in clipped] == [1, 2, 3]  # every epoch, pretraining's clip_grad 5.0
     assert all(v > 0 for _, v in norms) and all(0 <= v <= 1 for _, v in clipped)
+
+
+def test_steps_fp16s_scaler_skips_are_counted_and_left_out_of_the_norm(tmp_path):
+    """A grad scaler (fp16's; here torch's CPU one) skips the first step, whose loss is infinite: the epoch reports 1
+    skipped step of 2, and the norm is the applied step's alone."""
+
+    class FirstInfinite(ToyTask):
+        def loss(self, model, batch, step):
+            loss, n = super().loss(model, batch, step)
+            return (loss * float("inf") if step == 0 else loss), n
+
+    seen = []
+    task = FirstInfinite({0: 4}, 2, str(tmp_path))
+    task.epoch_end = lambda model, metrics: seen.append(metrics)
+    run_loop = loop.Loop(task, toy_loop_config(epochs=1), LocalWorker(tmp_path, 1))
+    run_loop.scaler = torch.amp.GradScaler("cpu")
+    run_loop.run()
+    assert seen[0]["skipped_steps"] == 1 and 0 < seen[0]["grad_norm"] < float("inf")
+    assert run_loop.step == 2
