@@ -26,6 +26,12 @@ class FrozenEvalJob(JobConfig):
     and in every run on the same data; its scores are named with it: knn_top1@k=20,train=N); None: the whole split.
     At ImageNet size an evaluation beside training (rank 0 alone) extracts 1.28 M images: a sample makes it short"""
 
+    def scores_options(self) -> dict:
+        """What this job sets of ``ropim.train.downstream.frozen_scores``' arguments: the data, k, the probe, the
+        DataLoader processes that decode, the bank's sample."""
+        return {"data": self.data, "knn_k": self.knn_k, "linear": self.eval_linear_probe,
+                "processes": self.dataloader_workers, "train_images": self.eval_train_images}
+
     def protocol(self, metric: str) -> str:
         """``metric`` with what it depends on, e.g. ``knn_top1@k=20`` (k = 20 is not k = 10) or
         ``linear_top1@train=50000``: scores under one name compare (the champion rule, ``tune``). Other metrics (a

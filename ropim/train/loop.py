@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import random
 import resource
 import shutil
@@ -176,8 +175,9 @@ class Loop:
                                             f"loss {loss.item():.4g} at lr {self.lr:.3g}")
         if norm is not None:  # summed on the device: no sync
             tally.norm_sum += norm.float()
-            tally.clipped += norm > (self.cfg.clip_grad or math.inf)
             tally.applied += 1
+            if self.cfg.clip_grad:
+                tally.clipped += norm > self.cfg.clip_grad
 
     def next_step(self, batches: Iterator, tally: EpochTally, epoch: int) -> list | None:
         """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's

@@ -63,9 +63,7 @@ class GraftTask(EncoderTask):
 
     def evaluate(self, model: MoCo, epoch: int, final: bool) -> dict[str, float]:
         cfg, kind = self.cfg, f"[graft] epoch {epoch} kNN"  # every worker extracts its share; rank 0 gets the scores
-        return frozen_scores(model.encoder, self.img_size, cfg.data, cfg.knn_k, cfg.eval_linear_probe, progress=kind,
-                             worker=self.worker, processes=cfg.dataloader_workers,
-                             train_images=cfg.eval_train_images)
+        return frozen_scores(model.encoder, self.img_size, progress=kind, worker=self.worker, **cfg.scores_options())
 
     def epoch_end(self, model: MoCo, metrics: dict) -> None:
         self.log_epoch(metrics, f"loss {metrics['loss']:.4f}", f"momentum {metrics['momentum']:.5f}",

@@ -164,9 +164,8 @@ class PretrainTask(Task):
         cfg = self.cfg
         stream = stream or side_stream(self.worker.device)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            return frozen_scores(encoder, cfg.model.img_size, cfg.data, cfg.knn_k, linear=cfg.eval_linear_probe,
-                                 cancelled=cancelled, progress=progress, worker=worker,
-                                 processes=cfg.dataloader_workers, train_images=cfg.eval_train_images)
+            return frozen_scores(encoder, cfg.model.img_size, cancelled=cancelled, progress=progress, worker=worker,
+                                 **cfg.scores_options())
 
     def evaluations(self, wait: bool) -> list[dict]:
         done = self.background.collect(wait)
