@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import multiprocessing
 import signal
 import threading
 import time
@@ -79,6 +80,26 @@ def test_a_job_due_while_one_is_unfinished_waits_for_it():
     assert bg.collect(wait=True) == [{"epoch": 1, "m": 1.0}, {"epoch": 2, "m": 2.0}]
     assert bg.make_room() == 0.0  # nothing unfinished: no wait
     bg.close()
+
+
+def test_a_process_a_job_forks_exits_as_it_ended():
+    """An evaluation's DataLoader processes are forked from the background thread. From a ``ThreadPoolExecutor``'s,
+    every one exited with code 1 (the pool's exit hook, copied into it, joined the copied thread: itself), which
+    torch's DataLoader raised in the training loop as a crashed worker whenever that exit reached it first (1 in 27
+    runs of ``test_evaluations_decode_in_the_jobs_dataloader_processes``)."""
+    bg = Background("test-fork")
+
+    def forks() -> dict[str, float]:
+        child = multiprocessing.get_context("fork").Process(target=int)
+        child.start()
+        child.join(30)
+        return {"exitcode": float(child.exitcode)}
+
+    bg.submit(1, forks)
+    bg.submit(2, forks)
+    assert bg.collect(wait=True) == [{"epoch": 1, "exitcode": 0.0}, {"epoch": 2, "exitcode": 0.0}]  # before: 1.0
+    bg.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-fork")]  # no thread left to hold the exit
 
 
 def test_evaluations_slower_than_epochs_do_not_pile_up(workdir, monkeypatch, caplog):
