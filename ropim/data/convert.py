@@ -12,9 +12,10 @@ Nothing is lost: the destination may not be the source, inside it or around it; 
 the plan (source, settings, every shard) before the first shard is written; a destination holding another plan, or
 files convert did not write, is refused — convert deletes nothing but its own temporary files and what holds no image
 (``ropim.data.destination``). Bounded memory and restartable: shard ``i`` holds items ``[i·N, (i+1)·N)`` of the
-split's order (a seeded shuffle of the items, or the source order for Parquet sources), written to a hidden temporary
+split's order (a seeded shuffle of the items, or their order with ``--shuffle false``), written to a hidden temporary
 name and renamed when complete, so re-running the same command keeps every complete shard that holds a row and
-writes the rest. An
+writes the rest. A Parquet source is shuffled through a staging folder in DST, so that each source shard is read once
+(``ropim.data.staging``). An
 image that does not decode follows ``on_bad_image`` (dropped and counted, or the run stops); a source item that
 cannot be read at all (the source changed or vanished) stops the run with an error, never counted as a bad image. A
 split none of whose items decodes is an error naming the source, not an empty data set.
@@ -48,6 +49,7 @@ from ropim.data.formats.common import CLASSIFY, Source
 from ropim.data.formats.parquet import filesystem
 from ropim.data.lists import Items
 from ropim.data.sources import open_source
+from ropim.data.staging import staged_shards
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 
@@ -123,7 +125,7 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
     created = fs.get_file_info(root).type == pafs.FileType.NotFound
     fs.create_dir(root, recursive=True)
     try:
-        report = write_all(src, lists, fs, root, dst, shard_size, shuffle and src.format != "parquet", seed, progress)
+        report = write_all(src, lists, fs, root, dst, shard_size, shuffle, seed, progress)
     except BaseException:
         remove_if_empty(fs, root, created)
         raise
@@ -169,11 +171,13 @@ def write_all(src: Source, lists: dict[str, Items], fs, root: str, dst: str, sha
     total, done = sum(len(v) for v in lists.values()), sum(len(plans[n][1]) for n in keep)
     with tqdm(total=total, initial=done, unit=items.UNIT, desc=f"convert → {dst}", disable=not progress,
               file=sys.stdout) as bar:  # stderr stays for errors
-        for name, (split, idx, meta) in plans.items():
-            if name not in keep:
-                schema = items.SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
-                write_shard(fs, root, name, shard_rows(lists[split], idx, bad, bar), schema)
-                report.shards_written += 1
+        todo = staged_shards(fs, root, lists, plans, keep, progress) if shuffle and src.format == "parquet" else \
+            (n for n in plans if n not in keep)  # a shuffled Parquet source goes through staging (its module doc)
+        for name in todo:
+            split, idx, meta = plans[name]
+            schema = items.SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})
+            write_shard(fs, root, name, shard_rows(lists[split], idx, bad, bar), schema)
+            report.shards_written += 1
     for name, (split, idx, _) in plans.items():
         rows = pq.read_metadata(posixpath.join(root, name), filesystem=fs).num_rows
         report.images[split] = report.images.get(split, 0) + rows

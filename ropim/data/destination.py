@@ -24,7 +24,8 @@ from ropim.paths import is_uri
 log = logging.getLogger("ropim.data")
 META_KEY = b"ropim.shard"  # each shard's own plan, in its schema metadata (written last, on close)
 PLAN = "ropim_convert.json"
-OWN_FILES = (PLAN, "classes.json")
+STAGING = ".ropim_staging"
+OWN_FILES = (PLAN, "classes.json", STAGING)  # STAGING: a folder (a shuffled Parquet source's, ropim.data.staging)
 
 
 def check_destination(source: str, dst: str) -> None:

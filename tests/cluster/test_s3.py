@@ -73,6 +73,15 @@ def test_convert_writes_shards_to_the_bucket(digits, s3_server):
                             "digits/train-00001.parquet"]
 
 
+def test_a_parquet_source_in_the_bucket_is_shuffled_through_staging_there(ropim, digits, s3_server):
+    uri = s3_server.uri("digits-mixed")
+    proc = ropim("data", "convert", digits, uri, "--shard-size", "600")
+    assert f"{uri}: train 1,797 images; shards written 3" in proc.stdout
+    assert sorted(files(s3_server, "digits-mixed/")) == [  # the staging folder removed
+        "digits-mixed/classes.json", "digits-mixed/ropim_convert.json", *(f"digits-mixed/train-0000{k}.parquet"
+                                                                         for k in range(3))]
+
+
 @pytest.mark.parametrize("ingest", ["ray_data", "torch"])
 def test_pretrain_from_s3_to_s3_on_two_nodes(ingest, ropim, digits, s3_server, mlflow_server):
     name = f"s3-{ingest.replace('_', '-')}"

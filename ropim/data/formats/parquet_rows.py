@@ -51,6 +51,7 @@ class ParquetList(ImageList):
         self.fs, self.files, self.rows, self.cache_files = fs, files, rows, cache_files or KEPT_FILES
         self.offsets = np.cumsum([0] + [len(r) for r in rows])
         self.cache: dict[int, pa.ChunkedArray] = {}
+        self.held: dict[int, bytes] = {}  # images read already, by item (a shuffled conversion's round)
 
     def blocks(self) -> np.ndarray:
         return self.offsets
@@ -68,6 +69,8 @@ class ParquetList(ImageList):
                         for info, rows in zip(self.fs.get_file_info(self.files), self.rows, strict=True))
 
     def load(self, i: int) -> bytes:
+        if i in self.held:
+            return self.held[i]
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         images = kept(self.cache, f, self.cache_files, lambda: self.column(f, "image").take(pa.array(self.rows[f])))
         return images[i - int(self.offsets[f])].as_py()
@@ -84,7 +87,7 @@ class ParquetList(ImageList):
         return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
 
     def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
-        return {**self.__dict__, "cache": {}}
+        return {**self.__dict__, "cache": {}, "held": {}}
 
 
 class ParquetSegList(SegList):
@@ -96,6 +99,7 @@ class ParquetSegList(SegList):
         self.fs, self.files, self.rows = fs, files, rows
         self.offsets = np.cumsum([0] + [len(r) for r in rows])
         self.cache: dict[int, dict] = {}
+        self.held: dict[int, tuple[bytes, bytes]] = {}  # pairs read already, by item (a shuffled conversion's round)
 
     def blocks(self) -> np.ndarray:
         return self.offsets
@@ -105,9 +109,11 @@ class ParquetSegList(SegList):
         return {c: encoded(table[c]).to_pylist() for c in ("image", "mask")}
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
+        if i in self.held:
+            return self.held[i]
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         pairs, j = kept(self.cache, f, KEPT_FILES, lambda: self.read(f)), i - int(self.offsets[f])
         return pairs["image"][j], pairs["mask"][j]
 
     def __getstate__(self):  # DataLoader workers read their own copy
-        return {**self.__dict__, "cache": {}}
+        return {**self.__dict__, "cache": {}, "held": {}}
