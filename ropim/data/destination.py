@@ -153,9 +153,11 @@ def holds_rows(fs, root: str) -> bool:
 
 
 def remove_if_empty(fs, root: str, created: bool) -> bool:
-    """Remove the destination when this run created it (only it wrote there) and no shard in it holds a row:
-    nothing usable was written, so no trace is left. Whether it was removed."""
-    if not created or holds_rows(fs, root):
+    """Remove the destination when this run created it (only it wrote there), no shard in it holds a row and
+    nothing is staged (``ropim.data.staging``: a re-run goes on from it): nothing usable was written, so no trace is
+    left. Whether it was removed."""
+    staged = fs.get_file_info(pafs.FileSelector(posixpath.join(root, STAGING), allow_not_found=True))
+    if not created or holds_rows(fs, root) or any(not temporary(i) for i in staged):
         return False
     fs.delete_dir(root)
     return True

@@ -13,7 +13,7 @@ from PIL import Image
 from sample_data import encode, pixels, write_parquet
 from support import log_shard_reads, write_ade20k
 
-from ropim.data import staging
+from ropim.data import footers, staging
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.convert import convert
 from ropim.data.destination import STAGING
@@ -96,6 +96,30 @@ def test_a_killed_shuffled_conversion_resumes_from_its_staging(class_ordered, tm
     assert not (tmp_path / "reads.log").exists()  # staged already: no source image read again
     assert (report.shards_kept, report.shards_written) == (2, 4) and not (dst / STAGING).exists()
     assert shards(dst) == shards(tmp_path / "whole")
+
+
+def test_a_conversion_stopped_while_staging_keeps_what_it_staged(class_ordered, tmp_path, monkeypatch):
+    """Ctrl-C while staging, in a destination the run created: it is kept (staging an ImageNet is hours of reads),
+    and the same command stages only the rest."""
+    read, calls = footers.read_columns, []
+
+    def interrupted(fs, file, columns, **kwargs):
+        if "image" in columns:
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # as the third source shard is read
+            calls.append(file)
+        return read(fs, file, columns, **kwargs)
+
+    monkeypatch.setattr(footers, "read_columns", interrupted)
+    dst = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, progress=False)
+    assert len(list((dst / STAGING).glob("*.parquet"))) == 2 and not list(dst.glob("train-*"))
+    monkeypatch.setattr(footers, "read_columns", read)
+    log_shard_reads(monkeypatch, tmp_path / "reads.log")
+    assert convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, progress=False).shards_written == 6
+    assert len((tmp_path / "reads.log").read_text().splitlines()) == 2  # the two shards not staged yet
+    assert not (dst / STAGING).exists()
 
 
 def test_shuffled_pairs_stay_pairs(tmp_path, monkeypatch):
