@@ -63,9 +63,10 @@ def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
         changed = sorted(k for k in set(stored) | set(plan) if stored.get(k) != plan.get(k))
         why = {"shards": "its shards (the source's images changed since, or --shard-size / --shuffle / --seed "
                          "differ)", "classes": "its classes (the source's changed since)"}
+        fix = "add --shuffle false to finish it" if in_source_order(stored, plan) else "re-run the command that " \
+            "wrote it"
         raise ConfigError(f"convert destination {dst!r} holds a conversion with other settings: "
-                          f"{', '.join(why.get(k, f'its {k}') for k in changed)}; re-run the command that wrote "
-                          "it, or give an empty folder")
+                          f"{', '.join(why.get(k, f'its {k}') for k in changed)}; {fix}, or give an empty folder")
     for info in fs.get_file_info(pafs.FileSelector(root)):
         name = info.base_name
         if temporary(info):
@@ -78,6 +79,13 @@ def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
                               "folder")
     if stored is None:
         write_whole(fs, posixpath.join(root, PLAN), json.dumps(plan, indent=2).encode())
+
+
+def in_source_order(stored: dict, plan: dict) -> bool:
+    """Whether ``stored`` is ``plan`` written in the source's order: what convert wrote of a Parquet source,
+    whatever ``--shuffle`` said, before it shuffled one."""
+    unshuffled = {name: {**meta, "shuffle": False} for name, meta in plan["shards"].items()}
+    return stored == {**plan, "shards": unshuffled}
 
 
 def temporary(info: pafs.FileInfo) -> bool:

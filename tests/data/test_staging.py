@@ -19,6 +19,7 @@ from ropim.data.convert import convert
 from ropim.data.destination import STAGING
 from ropim.data.sampling import mixing_note
 from ropim.data.sources import open_source
+from ropim.errors import ConfigError
 
 CLASSES = ["a", "b", "c", "d"]
 
@@ -120,6 +121,19 @@ def test_a_conversion_stopped_while_staging_keeps_what_it_staged(class_ordered, 
     assert convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, progress=False).shards_written == 6
     assert len((tmp_path / "reads.log").read_text().splitlines()) == 2  # the two shards not staged yet
     assert not (dst / STAGING).exists()
+
+
+def test_a_conversion_written_in_the_source_order_is_finished_with_shuffle_false(class_ordered, tmp_path):
+    """What an earlier version wrote of a Parquet source (its order, whatever --shuffle said): the same command now
+    plans a shuffle, so it is refused, and the line says how to finish the old one."""
+    dst = tmp_path / "out"
+    convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, shuffle=False, progress=False)
+    with pytest.raises(ConfigError, match=r"--shuffle / --seed differ\); add --shuffle false to finish it, or give"):
+        convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, progress=False)
+    with pytest.raises(ConfigError, match=r"re-run the command that wrote it"):  # another change: the usual fix
+        convert(DataConfig(str(class_ordered)), str(dst), shard_size=30, progress=False)
+    assert convert(DataConfig(str(class_ordered)), str(dst), shard_size=20, shuffle=False,
+                   progress=False).shards_kept == 6
 
 
 def test_shuffled_pairs_stay_pairs(tmp_path, monkeypatch):
