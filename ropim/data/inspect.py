@@ -12,6 +12,7 @@ from PIL import Image
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats.parquet_rows import ParquetList
+from ropim.data.mixing import mixing_note
 from ropim.data.sources import check_pairs, open_source
 
 
@@ -64,6 +65,7 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
     some = ", ".join(empty[:8]) + (", …" if len(empty) > 8 else "")
     notes = src.notes + ([f"{len(empty)} of the {len(src.classes)} classes hold no image ({some}): a classifier gets "
                           "an output it never learns; remove such folders if they are not classes"] if empty else [])
+    notes += [note] if (note := mixing_note(splits["train"])) else []  # shards in class order
     return {
         "format": src.format, "location": src.location, "split": rule,
         "images": {s: len(v) for s, v in splits.items()},

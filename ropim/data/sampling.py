@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-WINDOW = 2  # blocks whose items are shuffled together; a reading process holds two windows at most (KEPT_FILES)
+from ropim.data.mixing import WINDOW
 
 
 class BlockSampler(Sampler[int]):
@@ -67,21 +67,6 @@ def sample(count: int, n: int | None, seed: int = 0) -> np.ndarray:
     if n is None or n >= count:
         return np.arange(count)
     return np.sort(np.random.default_rng(seed).choice(count, n, replace=False))
-
-
-def mixing_note(dataset: Dataset) -> str | None:
-    """A warning when a labelled split read in blocks holds few of its classes in each (shards written in class
-    order): ``BlockSampler``'s batches, drawn from a window of blocks, would hold few classes; else None."""
-    blocks, labels = getattr(dataset, "blocks", lambda: None)(), getattr(dataset, "labels", None)
-    if blocks is None or labels is None or len(dataset.classes) < 2:
-        return None
-    spans = [labels[a:b] for a, b in zip(blocks[:-1], blocks[1:], strict=True) if b > a]
-    median = float(np.median([len(np.unique(s)) / min(len(s), len(dataset.classes)) for s in spans]))
-    if median >= 0.5:
-        return None
-    return (f"the Parquet shards hold few classes each (median {100 * median:.0f}% of the classes a shard of its size "
-            f"could hold): training reads {WINDOW} shards at a time, so its batches would hold few classes; rewrite "
-            "them with `ropim data convert` (it shuffles the images over the shards)")
 
 
 def train_sampler(dataset: Dataset, num_replicas: int, rank: int, seed: int, batch: int = 1,

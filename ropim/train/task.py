@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ropim.console import Pace, eta_text
-from ropim.data.sampling import mixing_note, train_sampler
+from ropim.data.mixing import mixing_note
+from ropim.data.sampling import train_sampler
 from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
 from ropim.train.checkpoint import Candidates

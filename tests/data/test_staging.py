@@ -17,7 +17,8 @@ from ropim.data import footers, staging
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.convert import convert
 from ropim.data.destination import STAGING
-from ropim.data.sampling import mixing_note
+from ropim.data.inspect import inspect_source
+from ropim.data.mixing import mixing_note
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
@@ -55,6 +56,7 @@ def shards(dst) -> dict[str, list[tuple[str, bytes, int]]]:
 def test_class_ordered_shards_come_out_mixed_each_read_once(class_ordered, tmp_path, monkeypatch):
     source = open_source(DataConfig(str(class_ordered))).split(None)  # no split of its own: all goes to train-*
     assert mixing_note(source) is not None  # the warning that sends users to convert
+    assert any("few classes each" in n for n in inspect_source(DataConfig(str(class_ordered)))["notes"])
     two_shards_a_round(monkeypatch, class_ordered)
     held, rounds = staging.held, []
     monkeypatch.setattr(staging, "held", lambda *args: rounds.append(args[2]) or held(*args))
@@ -66,6 +68,7 @@ def test_class_ordered_shards_come_out_mixed_each_read_once(class_ordered, tmp_p
     assert not (tmp_path / "out" / STAGING).exists()
     written = open_source(DataConfig(str(tmp_path / "out"))).split(None)
     assert mixing_note(written) is None  # before: the source's order, one class a shard
+    assert not any("few classes" in n for n in inspect_source(DataConfig(str(tmp_path / "out")))["notes"])
     rows = [r for rs in shards(tmp_path / "out").values() for r in rs]
     src_rows = {p: (img, lab) for p, img, lab in zip(source.paths, map(source.load, range(len(source))), source.labels,
                                                      strict=True)}
