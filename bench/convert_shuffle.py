@@ -2,7 +2,7 @@
 (``--shuffle false``, what convert did with any Parquet source before) and shuffled through staging
 (``ropim.data.staging``): seconds, how much the converting process's memory grew while it converted (sampled every
 5 ms), and how mixed the shards come out (the median share of the classes a shard of its size could hold, the
-measure of ``ropim.data.mixing.mixing_note``).
+measure of ``ropim.data.blocks.mixing_note``).
 
 The source is a class-ordered copy of ``--data`` (Parquet shards with ``image`` / ``label``; CIFAR-10's training
 split: its 50,000 images in 10 shards, one class each), written first into ``--work``. Each conversion runs in a

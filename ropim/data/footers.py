@@ -35,3 +35,11 @@ def read_columns(fs: pafs.FileSystem, path: str, columns: list[str], row_group: 
     """``columns`` of ``path`` (of one ``row_group`` when given), without reading its footer again."""
     f = pq.ParquetFile(path, filesystem=fs, metadata=footer(fs, path))
     return f.read(columns=columns) if row_group is None else f.read_row_group(row_group, columns=columns)
+
+
+def column_bytes(fs: pafs.FileSystem, path: str, columns: set[str]) -> int:
+    """The bytes ``columns`` of ``path`` hold read (their column chunks' uncompressed size, over every row group; a
+    struct column's fields count for it), from the footer: no data page read."""
+    meta = footer(fs, path)
+    return sum(group.column(j).total_uncompressed_size for group in map(meta.row_group, range(meta.num_row_groups))
+               for j in range(group.num_columns) if group.column(j).path_in_schema.split(".")[0] in columns)

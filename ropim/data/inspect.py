@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 from PIL import Image
 
+from ropim.data.blocks import mixing_note
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats.parquet_rows import ParquetList
-from ropim.data.mixing import mixing_note
 from ropim.data.sources import check_pairs, open_source
 
 

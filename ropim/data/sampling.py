@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from ropim.data.mixing import WINDOW
+from ropim.data.blocks import WINDOW
 
 
 class BlockSampler(Sampler[int]):

@@ -43,13 +43,9 @@ def columns(items: Listed) -> list[str]:
 
 def encoded_bytes(items: Listed) -> float:
     """The bytes of ``items``' encoded columns, from the source footers (no data page read)."""
-    wanted, nbytes = set(columns(items)), 0.0
-    for file, rows in zip(items.files, items.rows, strict=True):
-        meta = footers.footer(items.fs, file)
-        size = sum(group.column(j).total_uncompressed_size for group in map(meta.row_group, range(meta.num_row_groups))
-                   for j in range(group.num_columns) if group.column(j).path_in_schema.split(".")[0] in wanted)
-        nbytes += size * len(rows) / max(meta.num_rows, 1)
-    return nbytes
+    wanted = set(columns(items))
+    return sum(footers.column_bytes(items.fs, file, wanted) * len(rows) / max(footers.num_rows(items.fs, file), 1)
+               for file, rows in zip(items.files, items.rows, strict=True))
 
 
 def shards_per_round(items: Listed, shard_size: int) -> int:

@@ -35,6 +35,7 @@ class RayWorker:
 
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.local_world = ctx.get_local_world_size()  # the workers on this node
         self.device = ray.train.torch.get_device()
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU") or 1
         torch.set_num_threads(max(1, math.floor(cpus)))

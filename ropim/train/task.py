@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+import psutil
 import torch
 from torch.utils.data import DataLoader
 
 from ropim.console import Pace, eta_text
-from ropim.data.mixing import mixing_note
+from ropim.data.blocks import holding_note, mixing_note
 from ropim.data.sampling import train_sampler
 from ropim.errors import ConfigError, first_line
 from ropim.tracking import registry, store
@@ -208,6 +209,9 @@ class Task(ABC):
         processes = cfg.dataloader_workers
         sampler = train_sampler(dataset, worker.world, worker.rank, cfg.seed, micro_batch, processes)
         if worker.rank == 0 and (note := mixing_note(dataset)):
+            log.warning(f"[{cfg.kind}] {note}")
+        if worker.rank == 0 and (note := holding_note(dataset, processes, getattr(worker, "local_world", 1),
+                                                       psutil.virtual_memory().total)):
             log.warning(f"[{cfg.kind}] {note}")
         # processes started anew each epoch: seeded from the loop's (seed, epoch, rank), so a resumed run augments
         # as the uninterrupted one does (persistent ones keep the seed of the job's first epoch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
-from ropim.data.mixing import WINDOW, mixing_note
+from ropim.data.blocks import WINDOW, mixing_note
 from ropim.data.sampling import BlockSampler, dealt, sample, train_sampler
 
 SIZES = [7, 5, 9, 3, 8, 6, 10, 4, 5, 7]  # items of each of 10 blocks: 64 in all

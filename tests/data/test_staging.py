@@ -14,11 +14,11 @@ from sample_data import encode, pixels, write_parquet
 from support import log_shard_reads, write_ade20k
 
 from ropim.data import footers, staging
+from ropim.data.blocks import mixing_note
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.convert import convert
 from ropim.data.destination import STAGING
 from ropim.data.inspect import inspect_source
-from ropim.data.mixing import mixing_note
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 

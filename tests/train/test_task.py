@@ -125,3 +125,28 @@ def test_parquet_shards_are_read_once_an_epoch_by_the_loaders_processes(tmp_path
     files = len(dataset.images.files)
     assert files >= 30 and len({pid for pid, _ in reads}) == 2 and dataset.images.cache_files == KEPT_FILES
     assert len(reads) <= files + 2 * KEPT_FILES, (len(reads), files)  # about once each (before: 2 × files)
+
+
+def test_shards_too_large_for_the_nodes_loader_processes_are_said_once(tmp_path, monkeypatch, caplog):
+    """Each loader process keeps up to ``KEPT_FILES`` Parquet shards' images: shards of 500 MB read by 8 processes of
+    8 workers keep 128 GB on a node. The first epoch says so when that is a quarter of the node's memory or more
+    (before: nothing, until the kernel killed a worker)."""
+    from ropim.data.convert import convert
+
+    convert(DataConfig(source="digits"), str(tmp_path / "shards"), shard_size=40, progress=False)
+    dataset = build_dataset(DataConfig(str(tmp_path / "shards")), "train", eval_transform(8), 8)
+    kept = dataset.images.kept_bytes()
+    images = dataset.images  # the rows the train split takes of each shard
+    taken = sorted(sum(map(len, images.column(f, "image").take(rows).to_pylist()))
+                   for f, rows in enumerate(images.rows))
+    assert 0.9 * sum(taken[-4:]) <= kept <= 1.1 * sum(taken[-4:])  # the 4 largest shards' share, from footers alone
+    job = ToyJob(dataloader_workers=2, global_batch_size=16, accum_steps=1)
+    worker = SimpleNamespace(rank=0, world=8, local_world=4, device=torch.device("cpu"))
+    task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"}, worker=worker)
+    caplog.set_level(logging.WARNING, logger="ropim.train")
+    for memory in (4 * 8 * kept, 4 * 8 * kept + 1):  # 8 processes on the node (4 workers × 2): 25%, then less
+        monkeypatch.setattr(task_module.psutil, "virtual_memory", lambda total=memory: SimpleNamespace(total=total))
+        task.sharded(dataset, 16, {})
+    said = [r.getMessage() for r in caplog.records if "keeps up to 4" in r.getMessage()]
+    assert len(said) == 1 and "for the 8 such processes of the 4 worker(s) on this node, 25% of its memory" in said[0]
+    assert "--shard-size 1000" in said[0]
