@@ -169,10 +169,10 @@ def write_all(src: Source, lists: dict[str, Items], fs, root: str, dst: str, sha
     write_whole(fs, posixpath.join(root, "classes.json"), classes.encode())
     bad = BadImages(cfg.on_bad_image, cfg.max_pixels)
     total, done = sum(len(v) for v in lists.values()), sum(len(plans[n][1]) for n in keep)
+    todo = staged_shards(fs, root, lists, plans, keep, progress) if shuffle and src.format == "parquet" else \
+        (n for n in plans if n not in keep)  # a shuffled Parquet source goes through staging (its module doc)
     with tqdm(total=total, initial=done, unit=items.UNIT, desc=f"convert → {dst}", disable=not progress,
               file=sys.stdout) as bar:  # stderr stays for errors
-        todo = staged_shards(fs, root, lists, plans, keep, progress) if shuffle and src.format == "parquet" else \
-            (n for n in plans if n not in keep)  # a shuffled Parquet source goes through staging (its module doc)
         for name in todo:
             split, idx, meta = plans[name]
             schema = items.SCHEMA.with_metadata({b"classes": classes.encode(), META_KEY: json.dumps(meta).encode()})

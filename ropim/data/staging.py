@@ -56,15 +56,16 @@ def shards_per_round(items: Listed, shard_size: int) -> int:
 
 def staged_shards(fs: pafs.FileSystem, root: str, lists: dict[str, Listed], plans: dict, keep: set[str],
                   progress: bool) -> Iterator[str]:
-    """The names of the shards still to write, in the plan's order, each yielded while its items' encoded columns are
-    held by its split's list; stages what is not staged yet first, and removes the staging folder at the end.
-    ``plans``: ``ropim.data.convert.plan_shards``'s (in split, then shard order); ``keep``: the shards a re-run
-    keeps."""
+    """Stage what is not staged yet (now: one progress bar, before the shards' own), then the names of the shards
+    still to write, in the plan's order, each yielded while its items' encoded columns are held by its split's list;
+    the staging folder is removed after the last. ``plans``: ``ropim.data.convert.plan_shards``'s (in split, then
+    shard order); ``keep``: the shards a re-run keeps."""
     folder = posixpath.join(root, STAGING)
     fs.create_dir(folder, recursive=True)
     for info in fs.get_file_info(pafs.FileSelector(folder)):
         if info.base_name.endswith(".tmp"):
             fs.delete_file(info.path)  # left by a killed run
+    staged = []
     for split, items in lists.items():
         names = [n for n, p in plans.items() if p[0] == split]
         if all(n in keep for n in names):
@@ -73,7 +74,15 @@ def staged_shards(fs: pafs.FileSystem, root: str, lists: dict[str, Listed], plan
         of = np.empty(len(items), np.int64)  # the round writing each item
         for k, name in enumerate(names):
             of[plans[name][1]] = k // per_round
-        files = stage(fs, folder, split, items, of, per_round, progress)
+        staged.append((items, names, per_round, stage(fs, folder, split, items, of, per_round, progress)))
+    return rounds(fs, folder, staged, keep)
+
+
+def rounds(fs: pafs.FileSystem, folder: str, staged: list[tuple[Listed, list[str], int, list[str]]],
+           keep: set[str]) -> Iterator[str]:
+    """The shards of each staged split (its list, shard names, shards per round, staging files) still to write,
+    a round at a time, each yielded while the round's items are held; then the staging ``folder`` is removed."""
+    for items, names, per_round, files in staged:
         for r in range(-(-len(names) // per_round)):
             todo = [n for n in names[r * per_round:(r + 1) * per_round] if n not in keep]
             if todo:
