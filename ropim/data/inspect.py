@@ -12,7 +12,7 @@ from PIL import Image
 from ropim.data.blocks import mixing_note
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
-from ropim.data.formats.parquet_rows import ParquetList
+from ropim.data.formats.parquet_rows import KEPT_FILES, ParquetList
 from ropim.data.sources import check_pairs, open_source
 
 
@@ -73,6 +73,8 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
         "image_size": {"sampled": len(sizes), "width": stats(w), "height": stats(h), "modes": modes},
         "undecodable": {"sampled": len(picked), "count": len(bad), "first": [f"{p}: {why}" for p, why in bad[:5]]},
         "notes": notes,
+        **({"shards": {"train": len(train.files), "kept_bytes": train.kept_bytes(KEPT_FILES), "kept_files": KEPT_FILES}}
+           if isinstance(train := splits["train"], ParquetList) else {}),  # what training's processes keep
     }
 
 
@@ -94,6 +96,10 @@ def format_summary(info: dict, n_names: int = 8) -> str:
     lines.append(f"undecodable {bad['count']} of {bad['sampled']} sampled"
                  + (f" (first: {bad['first'][0]}); training skips such images (data.on_bad_image=skip, the "
                     "default), `ropim data convert` drops them" if bad["count"] else ""))
+    if shards := info.get("shards"):
+        lines.append(f"shards      train {shards['train']:,}; a loader process keeps up to {shards['kept_files']} of "
+                     f"them: {shards['kept_bytes'] / 2**20:,.1f} MiB of images (× --dataloader_workers × the workers "
+                     "on a node)")
     lines += [f"note        {note}" for note in info.get("notes", [])]
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ from ropim.data.blocks import mixing_note
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.convert import convert
 from ropim.data.destination import STAGING
-from ropim.data.inspect import inspect_source
+from ropim.data.inspect import format_summary, inspect_source
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
 
@@ -155,3 +155,14 @@ def test_shuffled_pairs_stay_pairs(tmp_path, monkeypatch):
             image, mask = got.load(j)
             ref_image, ref_mask = before.split(split).load(ref[path])
             assert np.array_equal(mask, ref_mask) and np.array_equal(np.asarray(image), np.asarray(ref_image))
+
+
+def test_inspect_says_what_a_loader_process_keeps(class_ordered):
+    """Before a run: how many train shards, and the images a loader process keeps of them (its 4 largest shards'
+    train rows, from the footers), to size --dataloader_workers."""
+    info = inspect_source(DataConfig(str(class_ordered)))
+    train = open_source(DataConfig(str(class_ordered))).split("train")
+    held = sum(len(train.load(i)) for i in range(len(train)))  # 4 shards: all of them are kept
+    assert info["shards"]["train"] == 4 and 0.9 * held <= info["shards"]["kept_bytes"] <= 1.1 * held
+    kept = info["shards"]["kept_bytes"] / 2**20
+    assert f"shards      train 4; a loader process keeps up to 4 of them: {kept:,.1f} MiB" in format_summary(info)
