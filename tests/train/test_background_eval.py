@@ -85,7 +85,7 @@ def test_a_job_due_while_one_is_unfinished_waits_for_it():
 def test_a_process_a_job_forks_exits_as_it_ended():
     """An evaluation's DataLoader processes are forked from the background thread. From a ``ThreadPoolExecutor``'s,
     every one exited with code 1 (the pool's exit hook, copied into it, joined the copied thread: itself), which
-    torch's DataLoader raised in the training loop as a crashed worker whenever that exit reached it first (1 in 27
+    torch's DataLoader raised in the training loop as a crashed worker whenever that exit reached it first (1 of 40
     runs of ``test_evaluations_decode_in_the_jobs_dataloader_processes``)."""
     bg = Background("test-fork")
 
