@@ -37,9 +37,11 @@ def read_columns(fs: pafs.FileSystem, path: str, columns: list[str], row_group: 
     return f.read(columns=columns) if row_group is None else f.read_row_group(row_group, columns=columns)
 
 
-def column_bytes(fs: pafs.FileSystem, path: str, columns: set[str]) -> int:
+def column_bytes(fs: pafs.FileSystem, path: str, columns: set[str], rows: int | None = None) -> float:
     """The bytes ``columns`` of ``path`` hold read (their column chunks' uncompressed size, over every row group; a
-    struct column's fields count for it), from the footer: no data page read."""
+    struct column's fields count for it), or their share in ``rows`` of its rows, from the footer: no data page
+    read."""
     meta = footer(fs, path)
-    return sum(group.column(j).total_uncompressed_size for group in map(meta.row_group, range(meta.num_row_groups))
+    size = sum(group.column(j).total_uncompressed_size for group in map(meta.row_group, range(meta.num_row_groups))
                for j in range(group.num_columns) if group.column(j).path_in_schema.split(".")[0] in columns)
+    return size if rows is None else size * rows / max(meta.num_rows, 1)

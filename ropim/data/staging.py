@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ropim.data import footers
-from ropim.data.destination import STAGING
+from ropim.data.destination import STAGING, temporary
 from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, unreadable
 
 STAGED = b"ropim.staged"  # a staging file's layout, in its schema metadata
@@ -44,7 +44,7 @@ def columns(items: Listed) -> list[str]:
 def encoded_bytes(items: Listed) -> float:
     """The bytes of ``items``' encoded columns, from the source footers (no data page read)."""
     wanted = set(columns(items))
-    return sum(footers.column_bytes(items.fs, file, wanted) * len(rows) / max(footers.num_rows(items.fs, file), 1)
+    return sum(footers.column_bytes(items.fs, file, wanted, len(rows))
                for file, rows in zip(items.files, items.rows, strict=True))
 
 
@@ -63,7 +63,7 @@ def staged_shards(fs: pafs.FileSystem, root: str, lists: dict[str, Listed], plan
     folder = posixpath.join(root, STAGING)
     fs.create_dir(folder, recursive=True)
     for info in fs.get_file_info(pafs.FileSelector(folder)):
-        if info.base_name.endswith(".tmp"):
+        if temporary(info):
             fs.delete_file(info.path)  # left by a killed run
     staged = []
     for split, items in lists.items():

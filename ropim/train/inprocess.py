@@ -25,7 +25,7 @@ class LocalWorker:
     """The loop in this process: checkpoints in ``folder``/checkpoint_<epoch>, the last ``keep`` kept, always written
     before ``report`` returns."""
 
-    rank, world = 0, 1
+    rank, world, local_world = 0, 1, 1
 
     def __init__(self, folder: Path, keep: int, use_gpu: bool = False) -> None:
         self.folder, self.keep = folder, keep

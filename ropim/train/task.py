@@ -32,6 +32,7 @@ class Worker(Protocol):
 
     rank: int
     world: int
+    local_world: int  # the workers on this node (this one included)
     device: torch.device
 
     def restorable(self) -> Candidates:
@@ -210,7 +211,7 @@ class Task(ABC):
         sampler = train_sampler(dataset, worker.world, worker.rank, cfg.seed, micro_batch, processes)
         if worker.rank == 0 and (note := mixing_note(dataset)):
             log.warning(f"[{cfg.kind}] {note}")
-        if worker.rank == 0 and (note := holding_note(dataset, processes, getattr(worker, "local_world", 1),
+        if worker.rank == 0 and (note := holding_note(dataset, processes, worker.local_world,
                                                        psutil.virtual_memory().total)):
             log.warning(f"[{cfg.kind}] {note}")
         # processes started anew each epoch: seeded from the loop's (seed, epoch, rank), so a resumed run augments

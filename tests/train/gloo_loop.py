@@ -90,7 +90,7 @@ class GlooWorker:
     device = torch.device("cpu")
 
     def __init__(self, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.local_world = rank, world, world  # one machine
         self.steps: list[int] = []  # the step count each epoch's report carried
 
     def restorable(self):

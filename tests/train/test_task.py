@@ -97,7 +97,7 @@ def test_bad_images_skipped_in_the_loaders_processes_are_counted(tmp_path):
     expected = sum(p.endswith("x.png") for p in dataset.paths)
     job = ToyJob(dataloader_workers=2, global_batch_size=2, accum_steps=1)
     task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
-                    worker=SimpleNamespace(rank=0, world=1, device=torch.device("cpu")))
+                    worker=SimpleNamespace(rank=0, world=1, local_world=1, device=torch.device("cpu")))
     data = task.sharded(dataset, 1, {"bad_images": bad_images(dataset)})
     for epoch in range(2):  # the loader's processes start anew each epoch: a bad image still counts once
         images = sum(len(x) for x, _ in data.batches(epoch))
@@ -118,7 +118,7 @@ def test_parquet_shards_are_read_once_an_epoch_by_the_loaders_processes(tmp_path
     log_shard_reads(monkeypatch, log)
     job = ToyJob(dataloader_workers=2, global_batch_size=16, accum_steps=1)
     task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"},
-                    worker=SimpleNamespace(rank=0, world=1, device=torch.device("cpu")))
+                    worker=SimpleNamespace(rank=0, world=1, local_world=1, device=torch.device("cpu")))
     data = task.sharded(dataset, 16, {})
     assert sum(len(ys) for _, ys in data.batches(0)) == len(dataset) // 16 * 16  # the epoch whole
     reads = [line.split() for line in log.read_text().splitlines()]

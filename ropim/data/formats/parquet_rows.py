@@ -65,9 +65,9 @@ class ParquetList(ImageList):
     def kept_bytes(self, files: int | None = None) -> int:
         """The most image bytes a process reading this list keeps: the rows taken from its ``files`` (default:
         ``cache_files``) largest shards (from the footers)."""
-        sizes = sorted(footers.column_bytes(self.fs, f, {"image"}) * len(rows) // max(footers.num_rows(self.fs, f), 1)
+        sizes = sorted(footers.column_bytes(self.fs, f, {"image"}, len(rows))
                        for f, rows in zip(self.files, self.rows, strict=True))
-        return sum(sizes[-(files or self.cache_files):])
+        return int(sum(sizes[-(files or self.cache_files):]))
 
     def fingerprint(self) -> bytes:
         """Each shard's path, size and modification time, and the rows taken from it (no data page read)."""
