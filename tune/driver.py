@@ -134,14 +134,21 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric
     try:
         grid = tuner(cfg, ctx, callbacks).fit()
-    except KeyboardInterrupt:  # a stop signal: the trials' drivers die with this one, their runs end KILLED here
+    except KeyboardInterrupt:  # a stop signal: the trials' drivers die with this one, their runs end KILLED here.
+        # Their placement groups stay until then: removed now, they would restart the trials' Train runs (Ray frees
+        # a job's groups once it ends and their creators are gone)
         end_unfinished_trials(cfg, run.run_id, run.tracking_uri)
         raise
     except Exception as err:  # Tune wraps what its callbacks raise: a trial's data error ends the sweep
+        free_stopped_trials(ctx)
         if (met := worker_cause(err, lambda e: isinstance(e, TrialDataError))) is None:
             raise
         raise sweep_stopped(cfg, run, met) from None
-    finally:  # no trial of this sweep runs now: free what stopped trials' Train runs still hold
-        if freed := release_all(ctx["train_storage"]):
-            print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)
+    free_stopped_trials(ctx)
     return finish(cfg, grid, run)
+
+
+def free_stopped_trials(ctx: dict) -> None:
+    """Free what stopped trials' Train runs still hold, once Tune stopped every trial (fit returned or raised)."""
+    if freed := release_all(ctx["train_storage"]):
+        print(f"[sweep] freed {freed} placement group(s) left by stopped trials", flush=True)

@@ -6,8 +6,10 @@ whether the controller is alive. Without a dashboard, or with several Ray instan
 client then cannot tell which to ask), the placement group keeps its CPUs and later trials wait forever.
 
 So rank 0 of every trial records its placement group id in the trial's Train folder, and the sweep removes the
-recorded groups of trials that ended (a few seconds after they ended, once their controller is gone) and, after
-``Tuner.fit`` returns, of every trial. Groups Ray Train already removed are skipped.
+recorded groups of trials that ended (a few seconds after they ended, once their controller is gone) and, once
+``Tuner.fit`` returned or raised (Tune stopped every trial), of every trial. Groups Ray Train already removed are
+skipped. A stop signal leaves them to Ray: a running trial's group removed would restart its Train run, and Ray
+frees a job's groups once the job has ended and their creators are gone.
 """
 
 from __future__ import annotations

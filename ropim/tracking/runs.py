@@ -76,9 +76,16 @@ class Run:
         return self
 
     def end(self, status: str) -> None:
-        """Mark the MLflow run ``status`` as a job ends on an error or a stop: a store that does not take it (a
-        server down) is said in one line rather than raised over what ended the job."""
+        """Mark the MLflow run ``status`` as a job ends on an error or a stop, unless the job that owns it ended it
+        first (a stopped sweep marks its trials KILLED; a trial failing as the sweep's end takes its workers stays
+        KILLED). A store that does not take it (a server down) is said in one line rather than raised over what
+        ended the job."""
         try:
+            if (ended := client(self.tracking_uri).get_run(self.run_id).info.status) in ("FINISHED", "FAILED",
+                                                                                          "KILLED"):
+                print(f"[run] {self.name}: MLflow run {self.run_id} was already ended {ended}, kept",
+                      file=sys.stderr, flush=True)
+                return
             end_run(self.run_id, status, self.tracking_uri)
         except MlflowException as err:
             print(f"[run] {self.name}: MLflow run {self.run_id} not marked {status}, the tracking store did not take "

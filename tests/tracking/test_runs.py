@@ -53,6 +53,15 @@ def test_an_exception_marks_failed_and_ctrl_c_killed(workdir):
     assert status(run.run_id) == "KILLED"
 
 
+def test_a_run_its_owner_ended_keeps_that_status_when_the_job_then_fails(workdir, capsys):
+    """A stopped sweep marks its trials' runs KILLED; a trial then failing as its workers go leaves it KILLED."""
+    with pytest.raises(RuntimeError), open_run(experiment="t", name="trial", config={}) as run:
+        store.end_run(run.run_id, "KILLED")  # the sweep's driver, in another process
+        raise RuntimeError("the trial's Train workers were lost")
+    assert status(run.run_id) == "KILLED"
+    assert f"MLflow run {run.run_id} was already ended KILLED, kept" in capsys.readouterr().err
+
+
 def test_default_names_do_not_collide_within_a_second():
     names = {default_run_name("pretrain") for _ in range(50)}
     assert len(names) == 50 and all(n.startswith("pretrain-") for n in names)

@@ -20,6 +20,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
+from ray.util.placement_group import PlacementGroup, placement_group_table
 
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.errors import ConfigError
@@ -426,6 +427,14 @@ def test_sigterm_ends_a_sweep_and_its_trial_killed_and_keeps_it_resumable(ray_se
     assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED"}  # the parent and its trial
     assert not c.search_model_versions(f"run_id='{runs[0].info.run_id}'")
     assert ray.tune.Tuner.can_restore(str(workdir / "ray_results" / "termed"))  # `--resume termed` continues it
+    assert "resumed from" not in err, err[-3000:]  # the trial's Train run was not restarted during the stop
+    groups = [PlacementGroup(ray.PlacementGroupID(bytes.fromhex(p.name)))  # recorded by the trial's rank 0
+              for p in workdir.glob(f"ray_results/termed/train/*/{PG_FOLDER}/*")]
+    deadline = time.time() + 30  # Ray frees them once the sweep's job ended
+    while any(placement_group_table(g).get("state") not in (None, "REMOVED") for g in groups):
+        assert time.time() < deadline, [placement_group_table(g) for g in groups]
+        time.sleep(0.5)
+    assert groups
 
 
 class ClassifierRegisteredMeanwhile(Callback):
