@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from ropim.data import footers
 from ropim.data.destination import STAGING, temporary
-from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, unreadable
+from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, read_encoded
 
 STAGED = b"ropim.staged"  # a staging file's layout, in its schema metadata
 Listed = ParquetList | ParquetSegList
@@ -109,13 +109,9 @@ def stage(fs: pafs.FileSystem, folder: str, split: str, items: Listed, of: np.nd
         layout = {"per_round": per_round, "counts": np.bincount(of[start:stop], minlength=rounds).tolist()}
         if stored_layout(fs, path) == layout:
             continue
-        try:
-            table = footers.read_columns(items.fs, items.files[f], cols)
-        except ERRORS as err:
-            raise unreadable(items.files[f], items.files[f], err) from None
         rows = pa.array(items.rows[f][by_round])
         out = pa.table({"item": pa.array(np.arange(start, stop)[by_round]),
-                        **{c: encoded(table[c]).take(rows) for c in cols}})
+                        **{c: v.take(rows) for c, v in read_encoded(items.fs, items.files[f], cols).items()}})
         tmp = posixpath.join(folder, f".{posixpath.basename(path)}.tmp")
         pq.write_table(out.replace_schema_metadata({STAGED: json.dumps(layout).encode()}), tmp, filesystem=fs,
                        row_group_size=max(layout["counts"]))

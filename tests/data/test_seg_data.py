@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
@@ -119,3 +120,24 @@ def test_convert_writes_parquet_shards_holding_the_same_pairs(tmp_path):
             assert np.array_equal(mask, ref_mask) and np.array_equal(np.asarray(image), np.asarray(ref_image))
     again = run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2", cwd=tmp_path)
     assert again.returncode == 0 and "shards written 0, kept 3" in again.stdout
+
+
+def test_a_pair_shard_damaged_inside_stops_training_naming_it(tmp_path):
+    """As an image shard's (tests/data/test_sources.py): a pair shard whose pages cannot be read is one error naming
+    it and the fix, not bad pairs skipped."""
+    write_ade20k(tmp_path / "ade", n_train=4, n_val=2)
+    assert run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2",
+                   cwd=tmp_path).returncode == 0
+    damaged = tmp_path / "shards" / "train-00001.parquet"
+    mask = pq.ParquetFile(damaged).metadata.row_group(0).column(1)  # the mask column's pages
+    start, size = mask.dictionary_page_offset or mask.data_page_offset, mask.total_compressed_size
+    data = bytearray(damaged.read_bytes())
+    data[start:start + size] = bytes(size)  # zeroed, as a disk fault might; the footer stays whole
+    damaged.write_bytes(bytes(data))
+    ds = SegDataset(open_source(SegDataConfig(source=str(tmp_path / "shards"))).split("train"), ["a"],
+                    seg_eval_transform(16))
+    with pytest.raises(ConfigError, match=r"train-00001\.parquet cannot be read as Parquet .*delete it and run the "
+                                          r"same `ropim data convert` again"):
+        for i in range(len(ds)):
+            ds[i]
+    assert ds.bad.count == 0  # before: every pair of the shard counted bad and skipped, the run going on without them

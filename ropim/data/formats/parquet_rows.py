@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from ropim.data import footers
 from ropim.data.lists import ImageList, SegList
@@ -26,6 +27,16 @@ def unreadable(location: str, file: str, err: Exception) -> DataError:
 def encoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """The encoded images of an ``image`` / ``mask`` column: itself, or a Hugging Face ``Image`` struct's ``bytes``."""
     return pc.struct_field(column, "bytes") if pa.types.is_struct(column.type) else column
+
+
+def read_encoded(fs: pafs.FileSystem, path: str, columns: list[str], **kwargs) -> dict[str, pa.ChunkedArray]:
+    """The encoded ``columns`` (``encoded``) of shard ``path`` (``kwargs``: ``footers.read_columns``'s); a shard that
+    cannot be read is ``unreadable``, naming it."""
+    try:
+        table = footers.read_columns(fs, path, columns, **kwargs)
+    except ERRORS as err:
+        raise unreadable(path, path, err) from None
+    return {c: encoded(table[c]) for c in columns}
 
 
 KEPT_FILES = 4  # files a list keeps read: twice the blocks a training order reads together (ropim.data.sampling)
@@ -57,10 +68,7 @@ class ParquetList(ImageList):
         return self.offsets
 
     def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
-        try:
-            return encoded(footers.read_columns(self.fs, self.files[f], [name], **kwargs)[name])
-        except ERRORS as err:
-            raise unreadable(self.files[f], self.files[f], err) from None
+        return read_encoded(self.fs, self.files[f], [name], **kwargs)[name]
 
     def kept_bytes(self, files: int | None = None) -> int:
         """The most image bytes a process reading this list keeps: the rows taken from its ``files`` (default:
@@ -112,8 +120,8 @@ class ParquetSegList(SegList):
         return self.offsets
 
     def read(self, f: int) -> dict[str, list]:
-        table = footers.read_columns(self.fs, self.files[f], ["image", "mask"]).take(self.rows[f])
-        return {c: encoded(table[c]).to_pylist() for c in ("image", "mask")}
+        rows = pa.array(self.rows[f])
+        return {c: v.take(rows).to_pylist() for c, v in read_encoded(self.fs, self.files[f], ["image", "mask"]).items()}
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         if i in self.held:
