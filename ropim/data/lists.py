@@ -70,6 +70,12 @@ class Items:
         raise NotImplementedError
 
 
+def vanished(path: str, err: OSError) -> ConfigError:
+    """The error of a conversion whose source item ``path`` cannot be read: it stops, never a bad image."""
+    return ConfigError(f"source item {path} cannot be read ({err}); the source changed or vanished while converting: "
+                       "restore it and re-run the same command to resume")
+
+
 class ImageList(Items):
     """Random access to a split's images: ``labels`` (int64), ``paths``, ``classes``; ``load(i)`` → data.
 
@@ -108,8 +114,7 @@ class ImageList(Items):
         try:
             data = self.load(i)
         except OSError as err:
-            raise ConfigError(f"source item {self.paths[i]} cannot be read ({err}); the source changed or vanished "
-                              "while converting: restore it and re-run the same command to resume") from None
+            raise vanished(self.paths[i], err) from None
         if try_decode(data, self.paths[i], bad) is None:
             return None
         return {"image": png(data), "label": int(self.labels[i]), "path": self.paths[i]}
@@ -207,7 +212,11 @@ class SegList(Items):
         return f"mask of {self.paths[i]}"
 
     def load(self, i: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, np.ndarray]:
-        image_data, mask_data = self.raw(i)
+        return self.decoded(i, *self.raw(i), max_pixels)
+
+    def decoded(self, i: int, image_data: bytes | np.ndarray, mask_data: bytes | np.ndarray,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, np.ndarray]:
+        """Pair ``i`` from its files' data (``raw``): the image, and its label map checked against it."""
         try:
             image = decode_rgb(image_data, max_pixels)
         except Exception as err:  # noqa: BLE001 — the pair is bad; say which of its files
@@ -221,13 +230,17 @@ class SegList(Items):
         return image, check_pair(name, image.size, mask, self.num_classes, self.reduce_zero_label, self.paths[i])
 
     def row(self, i: int, bad: BadImages) -> dict | None:
-        """Pair ``i``'s image bytes, label map (checked, as PNG) and path; an undecodable pair follows the policy."""
+        """Pair ``i``'s image bytes, label map (checked, as PNG) and path; an unreadable pair stops the conversion,
+        an undecodable one follows the policy."""
         try:
-            image_data = self.raw(i)[0]
-            _, mask = self.load(i, bad.max_pixels)
+            image_data, mask_data = self.raw(i)
+        except OSError as err:
+            raise vanished(self.paths[i], err) from None
+        try:
+            _, mask = self.decoded(i, image_data, mask_data, bad.max_pixels)
         except ConfigError:
             raise
-        except Exception as err:  # noqa: BLE001 — an unreadable or undecodable file makes the pair bad
+        except Exception as err:  # noqa: BLE001 — an undecodable file makes the pair bad
             bad.add(self.paths[i], err)
             return None
         return {"image": png(image_data), "mask": png(mask.astype(np.uint8)), "path": self.paths[i]}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
-from support import run_cli, write_ade20k
+from support import run_cli, run_cli_here, write_ade20k
 
 from ropim.data.config import SegDataConfig
 from ropim.data.formats.digits import CLASSES, digit_canvases
@@ -141,3 +141,15 @@ def test_a_pair_shard_damaged_inside_stops_training_naming_it(tmp_path):
         for i in range(len(ds)):
             ds[i]
     assert ds.bad.count == 0  # before: every pair of the shard counted bad and skipped, the run going on without them
+
+
+def test_a_pair_that_vanishes_while_converting_stops_it_not_counted_bad(tmp_path):
+    """As an image that cannot be read (tests/data/test_convert.py): a pair's file that cannot be read while
+    converting (a link to nothing, a disk gone) stops the conversion naming it; before, it was skipped as a bad pair
+    and the conversion ended as if the source held one pair fewer."""
+    root = write_pairs(tmp_path / "pairs", n=6)
+    (root / "images" / "p9.png").symlink_to(root / "gone.png")  # inside the source: listed, then read
+    Image.fromarray(np.zeros((12, 16), np.uint8)).save(root / "masks" / "p9.png")
+    proc = run_cli_here("data", "convert", "pairs", "shards", "--task", "segment", "--num-classes", "3", cwd=tmp_path)
+    assert proc.returncode == 1 and "source item images/p9.png cannot be read" in proc.stderr, proc.stderr[-2000:]
+    assert "the source changed or vanished while converting" in proc.stderr

@@ -227,3 +227,22 @@ def test_mask_decoding_reads_bytes_as_the_shards_hold_them():
         decode_mask(buf.getvalue(), "mask of x.png")
     with pytest.raises(ValueError, match="^mask m: cannot identify image file"):
         decode_mask(b"not a png", "m")
+
+
+def test_pair_files_of_types_not_read_are_named(cwd):
+    """TIFF pairs (remote sensing, microscopy) beside PNG ones: left out, and named with the fix as an image folder's
+    are (before: left out without a word); a folder pair of TIFFs alone is refused naming them, not as no images."""
+    root = write_pairs(cwd / "mixed", n=6)
+    Image.new("RGB", (16, 12)).save(root / "images" / "t0.tif")
+    Image.fromarray(labels(0)).save(root / "masks" / "t0.tif")
+    Image.new("RGB", (16, 12)).save(root / "images" / "t1.TIFF")
+    Image.fromarray(labels(1)).save(root / "masks" / "t1.TIFF")
+    proc = run_cli_here("data", "inspect", "mixed", "--task", "segment", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 image files of types not read are left out (1 .tif, 1 .tiff)" in proc.stdout, proc.stdout
+    assert len(read_all("mixed")) == 6
+    only = write_pairs(cwd / "only", n=2, image_ext="tif", mask_ext="tif")
+    assert not list((only / "images").glob("*.png"))
+    with pytest.raises(ConfigError, match=r"no images in .*only/images; 2 image files of types not read are left "
+                                          r"out \(2 \.tif\)"):
+        read_all("only")

@@ -62,7 +62,12 @@ class PairListing(Listing):
         if not self.allowed(folder, real_folder):
             return found, left_out
         with os.scandir(folder) as listing:
-            entries = sorted((e for e in listing if is_image(e.name) and not is_folder(e)), key=lambda e: e.name)
+            files = [e for e in listing if not is_folder(e)]
+        if images:  # images of types not read (TIFF): said, as an image folder's (their masks follow them)
+            for e in files:
+                if not is_image(e.name):
+                    self.passed_over(e.name)
+        entries = sorted((e for e in files if is_image(e.name)), key=lambda e: e.name)
         for entry in entries:
             stem = os.path.splitext(entry.name)[0]
             if stem in found:
