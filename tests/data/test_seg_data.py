@@ -153,3 +153,15 @@ def test_a_pair_that_vanishes_while_converting_stops_it_not_counted_bad(tmp_path
     proc = run_cli_here("data", "convert", "pairs", "shards", "--task", "segment", "--num-classes", "3", cwd=tmp_path)
     assert proc.returncode == 1 and "source item images/p9.png cannot be read" in proc.stderr, proc.stderr[-2000:]
     assert "the source changed or vanished while converting" in proc.stderr
+
+
+def test_a_class_count_the_shards_contradict_is_refused_as_a_folders_is(tmp_path):
+    """``data.num_classes`` that disagrees with the classes the Parquet shards name is one error naming both, as
+    with a folder pair's classes.json (before: silently dropped, the model's head sized by the shards)."""
+    write_pairs(tmp_path / "pairs", n=6, classes=["bg", "road", "car"])
+    assert run_cli_here("data", "convert", "pairs", "shards", "--task", "segment", cwd=tmp_path).returncode == 0
+    for source in ("pairs", "shards"):
+        with pytest.raises(ConfigError, match=r"data.num_classes=5 but .* names 3 classes; leave data.num_classes "
+                                              r"unset"):
+            open_source(SegDataConfig(source=str(tmp_path / source), num_classes=5))
+        assert open_source(SegDataConfig(source=str(tmp_path / source), num_classes=3)).classes == ["bg", "road", "car"]

@@ -155,6 +155,14 @@ def class_names(names: object, where: str) -> list[str]:
     return [str(n) for n in names]
 
 
+def counted_classes(names: list[str], where: str, num_classes: int | None) -> list[str]:
+    """``names`` (from ``where``) when ``data.num_classes`` is unset or agrees; ConfigError naming both otherwise."""
+    if num_classes is not None and num_classes != len(names):
+        raise ConfigError(f"data.num_classes={num_classes} but {where} names {len(names)} classes; leave "
+                          "data.num_classes unset (the source names its classes) or make them agree")
+    return names
+
+
 @dataclass
 class Source:
     """An opened source: its format, location, class names and items, listed (nothing decoded). ``pools`` holds

@@ -14,7 +14,17 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Listing, Source, class_names, is_folder, is_image
+from ropim.data.formats.common import (
+    IMAGE_DIRS,
+    MASK_DIRS,
+    SEGMENT,
+    Listing,
+    Source,
+    class_names,
+    counted_classes,
+    is_folder,
+    is_image,
+)
 from ropim.data.lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -155,9 +165,7 @@ def folder_classes(root: str, cfg: SegDataConfig, default: int | None) -> list[s
         if len(names) > IGNORE:
             raise ConfigError(f"{path} names {len(names)} classes; at most {IGNORE} fit a mask (labels "
                               f"0..{IGNORE - 1}, {IGNORE} = ignore)")
-        if cfg.num_classes is not None and cfg.num_classes != len(names):
-            raise ConfigError(f"data.num_classes={cfg.num_classes} but {path} names {len(names)} classes")
-        return names
+        return counted_classes(names, path, cfg.num_classes)
     n = cfg.num_classes or default
     if n is None:
         raise ConfigError(f"data source {cfg.source!r}: how many classes? give data.num_classes (labels 0..K-1, "
