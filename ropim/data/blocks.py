@@ -32,9 +32,10 @@ def mixing_note(dataset: object) -> str | None:
 def holding_note(dataset: object, processes: int, workers_here: int, memory: int) -> str | None:
     """A warning when the processes reading ``dataset`` on a node (``processes`` DataLoader processes for each of
     the ``workers_here`` workers there; the worker itself when 0) would keep ``HOLDING_SHARE`` or more of its
-    ``memory`` bytes in Parquet shards' images (``ParquetList.kept_bytes`` each: shards too large for so many
-    processes); else None."""
-    kept = getattr(getattr(dataset, "images", None), "kept_bytes", lambda: 0)()
+    ``memory`` bytes in Parquet shards' images (and masks: ``ShardRows.kept_bytes`` each; shards too large for so
+    many processes); else None."""
+    items = getattr(dataset, "images", getattr(dataset, "pairs", None))  # an image or a pair dataset's list
+    kept = getattr(items, "kept_bytes", lambda: 0)()
     readers = max(processes, 1) * workers_here
     if kept * readers < HOLDING_SHARE * memory:
         return None

@@ -27,7 +27,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ropim.data import footers
 from ropim.data.destination import STAGING, temporary
 from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, read_encoded
 
@@ -36,16 +35,9 @@ Listed = ParquetList | ParquetSegList
 ROUND_BYTES = 1 << 30  # encoded bytes a round holds in memory, at most (a round holds one shard at least)
 
 
-def columns(items: Listed) -> list[str]:
-    """The encoded columns a list's rows are made from."""
-    return ["image", "mask"] if isinstance(items, ParquetSegList) else ["image"]
-
-
 def encoded_bytes(items: Listed) -> float:
     """The bytes of ``items``' encoded columns, from the source footers (no data page read)."""
-    wanted = set(columns(items))
-    return sum(footers.column_bytes(items.fs, file, wanted, len(rows))
-               for file, rows in zip(items.files, items.rows, strict=True))
+    return items.kept_bytes(len(items.files))
 
 
 def shards_per_round(items: Listed, shard_size: int) -> int:
@@ -86,7 +78,7 @@ def rounds(fs: pafs.FileSystem, folder: str, staged: list[tuple[Listed, list[str
         for r in range(-(-len(names) // per_round)):
             todo = [n for n in names[r * per_round:(r + 1) * per_round] if n not in keep]
             if todo:
-                items.held = held(fs, files, r, columns(items))
+                items.held = held(fs, files, r, list(items.COLUMNS))
                 yield from todo
                 items.held = {}
     fs.delete_dir(folder)
@@ -96,7 +88,7 @@ def stage(fs: pafs.FileSystem, folder: str, split: str, items: Listed, of: np.nd
           progress: bool) -> list[str]:
     """Stage every source shard of ``items`` not staged with this layout yet (``of``: each item's round); the
     staging files, one per source shard holding rows of the split."""
-    cols, rounds = columns(items), int(of.max(initial=0)) + 1
+    cols, rounds = list(items.COLUMNS), int(of.max(initial=0)) + 1
     staged = []
     for f in tqdm(range(len(items.files)), desc=f"stage {split}", unit="shard", disable=not progress,
                   file=sys.stdout):  # as convert's own bar: stderr stays for errors

@@ -165,3 +165,27 @@ def test_a_class_count_the_shards_contradict_is_refused_as_a_folders_is(tmp_path
                                               r"unset"):
             open_source(SegDataConfig(source=str(tmp_path / source), num_classes=5))
         assert open_source(SegDataConfig(source=str(tmp_path / source), num_classes=3)).classes == ["bg", "road", "car"]
+
+
+def test_pair_shards_too_large_for_the_nodes_loader_processes_are_said_and_kept_as_asked(tmp_path):
+    """As image shards (tests/train/test_task.py): the first epoch's note counts the images and masks each loader
+    process keeps (before: never said for pairs), and a list keeps the files it is asked to (before: always 4)."""
+    from ropim.data.blocks import holding_note
+    from ropim.data.formats.parquet_rows import KEPT_FILES
+
+    write_ade20k(tmp_path / "ade", n_train=8, n_val=2)
+    assert run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "1",
+                   cwd=tmp_path).returncode == 0
+    pairs = open_source(SegDataConfig(source=str(tmp_path / "shards"))).split("train")
+    per_shard = [pq.ParquetFile(f).metadata.row_group(0) for f in sorted((tmp_path / "shards").glob("train-*"))]
+    both = sorted(g.column(0).total_compressed_size + g.column(1).total_compressed_size for g in per_shard)
+    assert pairs.kept_bytes() == pytest.approx(sum(both[-KEPT_FILES:]), rel=0.1)  # image and mask columns
+    ds = SegDataset(pairs, ["a"], seg_eval_transform(16))
+    memory = 4 * 8 * pairs.kept_bytes()  # 8 processes (4 workers × 2) keeping a quarter of it
+    assert "for the 8 such processes of the 4 worker(s) on this node, 25% of its memory" in holding_note(ds, 2, 4,
+                                                                                                         memory)
+    assert holding_note(ds, 2, 4, memory + 1) is None
+    one = open_source(SegDataConfig(source=str(tmp_path / "shards"))).split("train", cache_files=1)
+    for i in range(len(one)):
+        one.raw(i)
+    assert len(one.files) == 8 and len(one.cache) == 1

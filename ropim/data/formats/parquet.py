@@ -188,7 +188,7 @@ class ParquetSource(Source):
             labels.append(lab[idx])
             paths += [pth[i] if pth[i] is not None else f"{f}#{i}" for i in idx]
         if self.cfg.TASK == SEGMENT:
-            return ParquetSegList(self.fs, files, rows, paths, len(self.classes))
+            return ParquetSegList(self.fs, files, rows, paths, len(self.classes), cache_files)
         labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)
         return ParquetList(self.fs, files, rows, labels, paths, self.classes, cache_files)
 

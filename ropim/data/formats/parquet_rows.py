@@ -51,29 +51,33 @@ def kept(cache: dict, f: int, size: int, read: Callable[[], object]):
     return cache[f]
 
 
-class ParquetList(ImageList):
-    """Selected rows of Parquet shards. Image bytes are read a file at a time, on first use, and kept
-    (``cache_files`` files; default ``KEPT_FILES``): a training order reads the files a few at a time
-    (``blocks``: ``ropim.data.sampling.BlockSampler``), so that no process holds the whole data set's bytes."""
+class ShardRows:
+    """Selected rows of Parquet shards (``files``, the ``rows`` taken of each), whose encoded ``COLUMNS`` are read a
+    file at a time, on first use, and kept (``cache_files`` files; default ``KEPT_FILES``): a training order reads
+    the files a few at a time (``blocks``: ``ropim.data.sampling.BlockSampler``), so that no process holds the whole
+    data set's bytes. What ``ParquetList`` (images) and ``ParquetSegList`` (pairs) share."""
 
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], labels, paths, classes,
-                 cache_files: int | None = None) -> None:
-        super().__init__(labels, paths, classes)
+    COLUMNS: tuple[str, ...] = ("image",)
+
+    def take_rows(self, fs, files: list[str], rows: list[np.ndarray], cache_files: int | None) -> None:
+        """Set the shards, their rows and the files kept (an ``__init__``'s part)."""
         self.fs, self.files, self.rows, self.cache_files = fs, files, rows, cache_files or KEPT_FILES
         self.offsets = np.cumsum([0] + [len(r) for r in rows])
-        self.cache: dict[int, pa.ChunkedArray] = {}
-        self.held: dict[int, bytes] = {}  # images read already, by item (a shuffled conversion's round)
+        self.cache: dict[int, object] = {}
+        self.held: dict[int, object] = {}  # items read already (a shuffled conversion's round)
 
     def blocks(self) -> np.ndarray:
         return self.offsets
 
-    def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
-        return read_encoded(self.fs, self.files[f], [name], **kwargs)[name]
+    def shard_of(self, i: int) -> tuple[int, int]:
+        """(the file holding item ``i``, its position among the rows taken of that file)."""
+        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return f, i - int(self.offsets[f])
 
     def kept_bytes(self, files: int | None = None) -> int:
-        """The most image bytes a process reading this list keeps: the rows taken from its ``files`` (default:
+        """The most encoded bytes a process reading this list keeps: the rows taken from its ``files`` (default:
         ``cache_files``) largest shards (from the footers)."""
-        sizes = sorted(footers.column_bytes(self.fs, f, {"image"}, len(rows))
+        sizes = sorted(footers.column_bytes(self.fs, f, set(self.COLUMNS), len(rows))
                        for f, rows in zip(self.files, self.rows, strict=True))
         return int(sum(sizes[-(files or self.cache_files):]))
 
@@ -83,12 +87,27 @@ class ParquetList(ImageList):
                         + np.ascontiguousarray(rows, dtype=np.int64).tobytes()
                         for info, rows in zip(self.fs.get_file_info(self.files), self.rows, strict=True))
 
+    def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
+        return {**self.__dict__, "cache": {}, "held": {}}
+
+
+class ParquetList(ShardRows, ImageList):
+    """A split's images in Parquet shards (``ShardRows``)."""
+
+    def __init__(self, fs, files: list[str], rows: list[np.ndarray], labels, paths, classes,
+                 cache_files: int | None = None) -> None:
+        super().__init__(labels, paths, classes)
+        self.take_rows(fs, files, rows, cache_files)
+
+    def column(self, f: int, name: str, **kwargs) -> pa.ChunkedArray:
+        return read_encoded(self.fs, self.files[f], [name], **kwargs)[name]
+
     def load(self, i: int) -> bytes:
         if i in self.held:
             return self.held[i]
-        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        f, j = self.shard_of(i)
         images = kept(self.cache, f, self.cache_files, lambda: self.column(f, "image").take(pa.array(self.rows[f])))
-        return images[i - int(self.offsets[f])].as_py()
+        return images[j].as_py()
 
     def head(self, k: int) -> list[tuple[str, bytes]]:
         """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
@@ -101,34 +120,24 @@ class ParquetList(ImageList):
         start = int(self.offsets[f])
         return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
 
-    def __getstate__(self):  # workers (DataLoader, Ray) read their own copy
-        return {**self.__dict__, "cache": {}, "held": {}}
 
+class ParquetSegList(ShardRows, SegList):
+    """A split's pairs in Parquet shards (``ShardRows``: ``image`` and ``mask``)."""
 
-class ParquetSegList(SegList):
-    """Rows of Parquet shards (``image``, ``mask``), read a file at a time and kept (``KEPT_FILES`` files), as
-    ``ParquetList``'s."""
+    COLUMNS = ("image", "mask")
 
-    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: Iterable[str], num_classes: int) -> None:
+    def __init__(self, fs, files: list[str], rows: list[np.ndarray], paths: Iterable[str], num_classes: int,
+                 cache_files: int | None = None) -> None:
         super().__init__(paths, num_classes)
-        self.fs, self.files, self.rows = fs, files, rows
-        self.offsets = np.cumsum([0] + [len(r) for r in rows])
-        self.cache: dict[int, dict] = {}
-        self.held: dict[int, tuple[bytes, bytes]] = {}  # pairs read already, by item (a shuffled conversion's round)
-
-    def blocks(self) -> np.ndarray:
-        return self.offsets
+        self.take_rows(fs, files, rows, cache_files)
 
     def read(self, f: int) -> dict[str, list]:
-        rows = pa.array(self.rows[f])
-        return {c: v.take(rows).to_pylist() for c, v in read_encoded(self.fs, self.files[f], ["image", "mask"]).items()}
+        rows, columns = pa.array(self.rows[f]), read_encoded(self.fs, self.files[f], list(self.COLUMNS))
+        return {c: v.take(rows).to_pylist() for c, v in columns.items()}
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         if i in self.held:
             return self.held[i]
-        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        pairs, j = kept(self.cache, f, KEPT_FILES, lambda: self.read(f)), i - int(self.offsets[f])
+        f, j = self.shard_of(i)
+        pairs = kept(self.cache, f, self.cache_files, lambda: self.read(f))
         return pairs["image"][j], pairs["mask"][j]
-
-    def __getstate__(self):  # DataLoader workers read their own copy
-        return {**self.__dict__, "cache": {}, "held": {}}
