@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torchvision import tv_tensors
 
-from ropim.data.lists import IGNORE
+from ropim.data.pair_lists import IGNORE
 
 BRIGHTNESS_DELTA = 32
 CONTRAST_RANGE = (0.5, 1.5)

@@ -21,7 +21,7 @@ from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
 from ropim.data.config import SegDataConfig
 from ropim.data.decode import BadImages
 from ropim.data.formats.common import Source
-from ropim.data.lists import SegList
+from ropim.data.pair_lists import SegList
 from ropim.data.seg_augment import CAT_MAX_RATIO, CatMaxRandomCrop, PadBottomRight, PhotoMetricDistortion
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError, DataError

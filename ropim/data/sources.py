@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats import ade20k, cifar, digits, imagefolder, pairs, parquet
 from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, split_indices
@@ -72,21 +70,19 @@ def check_source(cfg: DataConfig) -> str:
     fmt = detect_format(cfg)
     fmt.check(cfg)
     if cfg.TASK == SEGMENT and fmt is not digits:
-        check_pairs(fmt.source(cfg), cfg.check_pairs)
+        check_pairs(open_source(cfg), cfg.check_pairs)  # the job's listing, within ``one_listing``
     return fmt.NAME
 
 
 def check_pairs(src: Source, n: int) -> tuple[int, list[tuple[str, str]]]:
-    """Decode ``n`` pairs of each split, spread evenly; ConfigError naming the first that does not fit (size, labels,
-    mask format). An unreadable or undecodable pair is an error under ``on_bad_image=fail``; under ``skip`` (the
-    job skips it too) only when no sampled pair of a split decodes. Returns (pairs sampled, (path, why) of each
-    skipped one)."""
+    """Decode ``n`` pairs of each split (``SegList.sample``: spread evenly; Parquet shards: their first row group's);
+    ConfigError naming the first that does not fit (size, labels, mask format). An unreadable or undecodable pair is
+    an error under ``on_bad_image=fail``; under ``skip`` (the job skips it too) only when no sampled pair of a split
+    decodes. Returns (pairs sampled, (path, why) of each skipped one)."""
     sampled, skipped = 0, []
     for split in ("train", "val"):
         found = src.split(split)
-        k = min(len(found), n)
-        bad = []
-        picked = np.unique(np.linspace(0, len(found) - 1, k).round().astype(int)) if k else []
+        bad, picked = [], found.sample(n)
         for i in picked:
             try:
                 found.load(int(i), src.cfg.max_pixels)

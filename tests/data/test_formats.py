@@ -13,7 +13,7 @@ from support import write_ade20k
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.convert import convert
 from ropim.data.formats.common import CLASSIFY, SEGMENT
-from ropim.data.lists import ArraySegList, FileSegList
+from ropim.data.pair_lists import ArraySegList, FileSegList
 from ropim.data.sources import FORMATS, check_source, formats, open_source
 from ropim.errors import ConfigError
 

@@ -12,7 +12,8 @@ import pytest
 
 from ropim.data import item_paths
 from ropim.data.item_paths import ItemPaths
-from ropim.data.lists import FileList, FileSegList
+from ropim.data.lists import FileList
+from ropim.data.pair_lists import FileSegList
 
 SMAPS = Path("/proc/self/smaps_rollup")
 

@@ -12,7 +12,7 @@ import torch
 from torchvision import tv_tensors
 
 from ropim.data.augment import IMAGENET_MEAN
-from ropim.data.lists import ArraySegList
+from ropim.data.pair_lists import ArraySegList
 from ropim.data.seg_augment import (
     CatMaxRandomCrop,
     Photometric,

@@ -16,7 +16,7 @@ from support import run_cli, run_cli_here, write_ade20k
 
 from ropim.data.config import SegDataConfig
 from ropim.data.formats.digits import CLASSES, digit_canvases
-from ropim.data.lists import ArraySegList
+from ropim.data.pair_lists import ArraySegList
 from ropim.data.seg_datasets import SegDataset, seg_eval_transform, seg_train_transform
 from ropim.data.sources import open_source
 from ropim.errors import ConfigError
@@ -189,3 +189,20 @@ def test_pair_shards_too_large_for_the_nodes_loader_processes_are_said_and_kept_
     for i in range(len(one)):
         one.raw(i)
     assert len(one.files) == 8 and len(one.cache) == 1
+
+
+def test_pre_flight_of_pair_shards_reads_a_row_group_not_every_shard(tmp_path, monkeypatch):
+    """The pairs a segmentation pre-flight decodes come from the first row group of Parquet shards, as an image
+    split's check does (before: 64 pairs spread over the split, each reading its whole shard's images and masks:
+    most of the data set, from S3 too, at every validate)."""
+    from ropim.data import footers
+
+    write_ade20k(tmp_path / "ade", n_train=8, n_val=4)
+    assert run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "1",
+                   cwd=tmp_path).returncode == 0
+    reads, real = [], footers.read_columns
+    monkeypatch.setattr(footers, "read_columns", lambda fs, path, columns, row_group=None: reads.append(
+        (path.rsplit("/", 1)[-1], tuple(columns), row_group)) or real(fs, path, columns, row_group))
+    SegDataConfig(source=str(tmp_path / "shards")).validate()
+    images = [r for r in reads if "image" in r[1]]
+    assert images == [("train-00000.parquet", ("image", "mask"), 0), ("val-00000.parquet", ("image", "mask"), 0)]

@@ -16,7 +16,8 @@ import numpy as np
 from PIL import Image
 
 from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, split_indices
-from ropim.data.lists import ArrayList, ArraySegList, Items
+from ropim.data.lists import ArrayList, Items
+from ropim.data.pair_lists import ArraySegList
 
 if TYPE_CHECKING:  # the config imports this module to check a source
     from ropim.data.config import DataConfig

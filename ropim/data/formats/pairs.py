@@ -25,7 +25,7 @@ from ropim.data.formats.common import (
     is_folder,
     is_image,
 )
-from ropim.data.lists import IGNORE, FileSegList
+from ropim.data.pair_lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 

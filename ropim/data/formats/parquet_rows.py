@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ropim.data import footers
-from ropim.data.lists import ImageList, SegList
+from ropim.data.lists import ImageList
+from ropim.data.pair_lists import SegList
 from ropim.errors import DataError, first_line
 
 ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises on a file cut short or not Parquet
@@ -74,6 +75,17 @@ class ShardRows:
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         return f, i - int(self.offsets[f])
 
+    def first_rows(self, k: int) -> tuple[list[int], dict[str, pa.ChunkedArray]]:
+        """(up to ``k`` of the first items, their encoded columns) from the first row group of the first shard that
+        holds any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
+        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
+        if f is None:
+            return [], {}
+        group = read_encoded(self.fs, self.files[f], list(self.COLUMNS), row_group=0)
+        rows = self.rows[f][self.rows[f] < len(group[self.COLUMNS[0]])][:k]  # ascending: the shard's first items
+        taken = pa.array(rows)
+        return [int(self.offsets[f]) + j for j in range(len(rows))], {c: v.take(taken) for c, v in group.items()}
+
     def kept_bytes(self, files: int | None = None) -> int:
         """The most encoded bytes a process reading this list keeps: the rows taken from its ``files`` (default:
         ``cache_files``) largest shards (from the footers)."""
@@ -110,15 +122,10 @@ class ParquetList(ShardRows, ImageList):
         return images[j].as_py()
 
     def head(self, k: int) -> list[tuple[str, bytes]]:
-        """(path, bytes) of up to ``k`` of the first images, from the first row group of the first shard that holds
-        any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
-        f = next((j for j, rows in enumerate(self.rows) if len(rows)), None)
-        if f is None:
-            return []
-        group = self.column(f, "image", row_group=0)
-        rows = self.rows[f][self.rows[f] < len(group)][:k]
-        start = int(self.offsets[f])
-        return [(self.paths[start + j], group[int(r)].as_py()) for j, r in enumerate(rows)]
+        """(path, bytes) of up to ``k`` of the first images (``first_rows``: one row group read)."""
+        items, columns = self.first_rows(k)
+        return [(self.paths[i], data) for i, data in zip(items, columns.get("image", pa.array([])).to_pylist(),
+                                                           strict=True)]
 
 
 class ParquetSegList(ShardRows, SegList):
@@ -134,6 +141,14 @@ class ParquetSegList(ShardRows, SegList):
     def read(self, f: int) -> dict[str, list]:
         rows, columns = pa.array(self.rows[f]), read_encoded(self.fs, self.files[f], list(self.COLUMNS))
         return {c: v.take(rows).to_pylist() for c, v in columns.items()}
+
+    def sample(self, k: int) -> list[int]:
+        """Up to ``k`` of the first pairs (``first_rows``: one row group read, not every shard a spread sample would
+        read whole), held: loading them reads nothing more."""
+        items, columns = self.first_rows(k)
+        if items:
+            self.held.update(zip(items, zip(*(columns[c].to_pylist() for c in self.COLUMNS), strict=True), strict=True))
+        return items
 
     def raw(self, i: int) -> tuple[bytes, bytes]:
         if i in self.held:

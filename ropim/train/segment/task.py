@@ -18,7 +18,7 @@ from timm.optim import create_optimizer_v2
 from torch.utils.data import DataLoader, Subset
 
 from ropim.core.segmenter import seg_loss, segmenter_from_encoder
-from ropim.data.lists import IGNORE
+from ropim.data.pair_lists import IGNORE
 from ropim.data.sampling import contiguous_share, dealt
 from ropim.data.seg_datasets import build_seg_dataset, seg_eval_transform, seg_train_transform
 from ropim.data.sources import open_source
