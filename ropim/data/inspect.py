@@ -12,7 +12,8 @@ from PIL import Image
 from ropim.data.blocks import mixing_note
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.data.decode import none_decode, undecodable
-from ropim.data.formats.parquet_rows import KEPT_FILES, ParquetList
+from ropim.data.formats.common import Source
+from ropim.data.formats.parquet_rows import KEPT_FILES, ParquetList, ShardRows
 from ropim.data.sources import check_pairs, open_source
 
 
@@ -59,7 +60,7 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
     def stats(a):
         return {"min": int(a.min()), "mean": float(a.mean()), "max": int(a.max())} if len(a) else {}
 
-    rule = "own" if src.own_split else f"seeded fraction {cfg.val_fraction} (seed {cfg.split_seed})"
+    rule = split_rule(src)
     counts = sum(np.bincount(v.labels, minlength=len(src.classes)) for v in splits.values())
     empty = [c for c, n in zip(src.classes, counts, strict=True) if not n]
     some = ", ".join(empty[:8]) + (", …" if len(empty) > 8 else "")
@@ -73,9 +74,29 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
         "image_size": {"sampled": len(sizes), "width": stats(w), "height": stats(h), "modes": modes},
         "undecodable": {"sampled": len(picked), "count": len(bad), "first": [f"{p}: {why}" for p, why in bad[:5]]},
         "notes": notes,
-        **({"shards": {"train": len(train.files), "kept_bytes": train.kept_bytes(KEPT_FILES), "kept_files": KEPT_FILES}}
-           if isinstance(train := splits["train"], ParquetList) else {}),  # what training's processes keep
+        **shards_info(splits["train"]),  # what training's processes keep
     }
+
+
+def split_rule(src: Source) -> str:
+    """How the source's items fall into train and val: its own split, or the seeded fraction."""
+    return "own" if src.own_split else f"seeded fraction {src.cfg.val_fraction} (seed {src.cfg.split_seed})"
+
+
+def shards_info(train: object) -> dict:
+    """{"shards": the training split's shard count and what a loader process keeps of them} for Parquet shards;
+    {} otherwise."""
+    if not isinstance(train, ShardRows):
+        return {}
+    return {"shards": {"train": len(train.files), "kept_bytes": train.kept_bytes(KEPT_FILES), "kept_files": KEPT_FILES,
+                       "holding": " and ".join(f"{c}s" for c in train.COLUMNS)}}
+
+
+def shards_line(shards: dict) -> str:
+    """The line of ``shards_info``'s: what a loader process keeps."""
+    return (f"shards      train {shards['train']:,}; a loader process keeps up to {shards['kept_files']} of them: "
+            f"{shards['kept_bytes'] / 2**20:,.1f} MiB of {shards['holding']} (× --dataloader_workers × the workers on "
+            "a node)")
 
 
 def format_summary(info: dict, n_names: int = 8) -> str:
@@ -97,9 +118,7 @@ def format_summary(info: dict, n_names: int = 8) -> str:
                  + (f" (first: {bad['first'][0]}); training skips such images (data.on_bad_image=skip, the "
                     "default), `ropim data convert` drops them" if bad["count"] else ""))
     if shards := info.get("shards"):
-        lines.append(f"shards      train {shards['train']:,}; a loader process keeps up to {shards['kept_files']} of "
-                     f"them: {shards['kept_bytes'] / 2**20:,.1f} MiB of images (× --dataloader_workers × the workers "
-                     "on a node)")
+        lines.append(shards_line(shards))
     lines += [f"note        {note}" for note in info.get("notes", [])]
     return "\n".join(lines)
 
@@ -110,8 +129,10 @@ def pairs_summary(cfg: SegDataConfig) -> str:
     once: here (``validate``'s own sample left out), to count the pairs it skips."""
     src = open_source(replace(cfg.resolved(), check_pairs=0).validate())
     pairs = "  ".join(f"{s} {len(src.split(s)):,}" for s in ("train", "val"))
-    lines = [f"{src.location}: format {src.format}; pairs: {pairs}; {len(src.classes)} classes "
-             f"({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})"]
+    lines = [f"{src.location}: format {src.format}; pairs: {pairs} (split: {split_rule(src)}); "
+             f"{len(src.classes)} classes ({', '.join(src.classes[:8])}{', …' if len(src.classes) > 8 else ''})"]
+    if shards := shards_info(src.split("train", cache_files=1)).get("shards"):
+        lines.append(shards_line(shards))
     sampled, bad = check_pairs(src, cfg.check_pairs) if src.format != "digits" else (0, [])
     if bad:
         lines.append(f"undecodable {len(bad)} of {sampled} sampled pairs (first: {bad[0][0]}: {bad[0][1]}); training "

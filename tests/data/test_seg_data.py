@@ -206,3 +206,17 @@ def test_pre_flight_of_pair_shards_reads_a_row_group_not_every_shard(tmp_path, m
     SegDataConfig(source=str(tmp_path / "shards")).validate()
     images = [r for r in reads if "image" in r[1]]
     assert images == [("train-00000.parquet", ("image", "mask"), 0), ("val-00000.parquet", ("image", "mask"), 0)]
+
+
+def test_inspect_of_pair_shards_says_the_split_rule_and_what_a_loader_process_keeps(tmp_path):
+    """As for image shards: the split rule and the images and masks a loader process keeps (before: neither)."""
+    write_ade20k(tmp_path / "ade", n_train=6, n_val=2)
+    assert run_cli_here("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2",
+                        cwd=tmp_path).returncode == 0
+    shown = run_cli_here("data", "inspect", "shards", "--task", "segment", cwd=tmp_path)
+    pairs = open_source(SegDataConfig(source=str(tmp_path / "shards"))).split("train")
+    assert "pairs: train 6  val 2 (split: own)" in shown.stdout, shown.stdout
+    assert (f"shards      train 3; a loader process keeps up to 4 of them: {pairs.kept_bytes() / 2**20:,.1f} MiB of "
+            "images and masks") in shown.stdout
+    folder = run_cli_here("data", "inspect", "digits", "--task", "segment", cwd=tmp_path).stdout
+    assert "(split: seeded fraction 0.2 (seed 0))" in folder and "shards" not in folder
