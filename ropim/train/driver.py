@@ -205,8 +205,10 @@ def source(p: Prepared) -> str:
 
 
 def tags(p: Prepared) -> dict[str, str]:
-    """The run's tags: what it is, and the encoder it started from."""
-    return {"ropim.kind": p.cfg.kind} if p.ref is None else run_tags(p.ref, p.cfg.kind, p.cfg.data)
+    """The run's tags: what it is, the data, and the encoder it started from."""
+    if p.ref is None:
+        return {"ropim.kind": p.cfg.kind, "ropim.dataset": dataset_name(p.cfg.data)}
+    return run_tags(p.ref, p.cfg.kind, p.cfg.data)
 
 
 def finish(p: Prepared, mlflow_run: Run, result: FitResult, register: bool) -> JobResult:

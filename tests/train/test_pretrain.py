@@ -41,6 +41,7 @@ def test_two_worker_pretrain_logs_and_registers(pretrained):
     c = store.client()
     run = c.get_run(result.run_id)
     assert run.info.status == "FINISHED"
+    assert run.data.tags["ropim.kind"] == "pretrain" and run.data.tags["ropim.dataset"] == "digits"  # as downstream's
     assert float(run.data.params["model.rho"]) == pytest.approx(1 / 7)
     assert run.data.params["global_batch_size"] == "16"
     history = c.get_metric_history(result.run_id, "loss")
