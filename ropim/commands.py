@@ -124,7 +124,8 @@ def run_job(name: str, ns: Namespace, typed: frozenset[str] = frozenset()) -> No
     if result.metrics.get("epoch") != prepared.cfg.epochs:
         print(f"unfinished: {prepared.resume_hint}")
     else:
-        print(job.scores.format(**result.metrics, model_uri=result.model_uri, run_id=result.run_id) if job.scores
+        kept = result.model_uri or f"not registered: {result.checkpoint_path}"  # registered, or its checkpoint
+        print(job.scores.format(**result.metrics, model_uri=kept, run_id=result.run_id) if job.scores
               else result.model_uri or result.checkpoint_path)
 
 

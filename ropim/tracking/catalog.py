@@ -70,8 +70,8 @@ def runs_from(mv: ModelVersion, experiment: str, metric: str, label: str, uri: s
 
 def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
     """A registered encoder version: the run that trained it, the version it started from (a second stage), the
-    sweep, and the fine-tunes and segmentations made from it; a classifier or segmenter version: its run and the
-    encoder it started from."""
+    sweep, and the fine-tunes, segmentations and grafts made from it; a classifier or segmenter version: its run and
+    the encoder it started from."""
     t = mv.tags or {}
     if kind_of(t) != "encoder":
         run = "segmentation run" if kind_of(t) == "segmenter" else "fine-tune run"
@@ -79,7 +79,8 @@ def lineage(mv: ModelVersion, uri: str | None = None) -> dict[str, list[str]]:
     run = f"{t['stage']} run" if t.get("stage") else "pretraining run"
     return {run: [mv.run_id] if mv.run_id else [], **first_stage(t), "sweep": [t["sweep"]] if t.get("sweep") else [],
             "fine-tunes": runs_from(mv, "ropim-finetune", "top1", "top-1", uri),
-            "segmentations": runs_from(mv, "ropim-segment", "miou", "mIoU", uri)}
+            "segmentations": runs_from(mv, "ropim-segment", "miou", "mIoU", uri),
+            "grafts": runs_from(mv, "ropim-graft", "knn_top1", "kNN top-1", uri)}
 
 
 def show(model_uri: str, uri: str | None = None) -> str:

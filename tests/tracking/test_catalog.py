@@ -120,3 +120,16 @@ def test_lineage_lists_the_fine_tunes_of_a_version_not_the_random_init_baselines
         store.end_run(run)
     tunes = lineage(store.client().get_model_version("ropim-encoder", "1"))["fine-tunes"]
     assert len(tunes) == 1 and tunes[0].startswith("ft-finetune (") and "top-1 90.00" in tunes[0]
+
+
+def test_lineage_lists_the_grafts_made_from_a_version(two_versions):
+    """A graft run carries the encoder it started from as a fine-tune does (before: left out of the lineage)."""
+    from ropim.tracking.catalog import lineage
+
+    tags = {"ropim.kind": "graft", "ropim.encoder_name": "ropim-encoder", "ropim.encoder_version": "2"}
+    run = store.create_run("ropim-graft", "lgp-of-2", {}, tags)
+    store.log_metrics(run, {"knn_top1": 81.25}, 1)
+    store.end_run(run)
+    found = lineage(store.client().get_model_version("ropim-encoder", "2"))
+    assert found["grafts"] == [f"lgp-of-2 ({run[:8]}, kNN top-1 81.25)"]
+    assert lineage(store.client().get_model_version("ropim-encoder", "1"))["grafts"] == []

@@ -134,6 +134,7 @@ def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     shown = catalog.show(result.model_uri)
     assert f"- lgp run: {result.run_id}" in shown and f"- first stage: {uri} (run {first_run})" in shown
     assert "lgp" in catalog.list_versions(name)
+    assert f"- grafts: lgp ({result.run_id[:8]}, kNN top-1 " in catalog.show(uri)  # the first stage's card
     encoder, config = registry.load_encoder(result.model_uri)  # loadable like any encoder: a plain timm model
     before = load_file(str(folder / "encoder.safetensors"))
     after = encoder.state_dict()

@@ -24,7 +24,7 @@ from ropim.eval.metrics import confusion_matrix, topk_hits
 from ropim.train.downstream import classifier_from
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.speed import adamw_kernels, images_to
-from ropim.train.task import EncoderTask, EpochData, Worker, percents
+from ropim.train.task import EncoderTask, EpochData, Worker, bad_images, percents
 
 
 def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
@@ -102,7 +102,7 @@ class FinetuneTask(EncoderTask):
         batch, share = max(micro_batch, 64), contiguous_share(len(val_set), worker.rank, worker.world)
         order = [share[i] for i in dealt(len(share), batch, cfg.dataloader_workers)]  # a process reads its own part
         self.val_loader = DataLoader(Subset(val_set, order), batch_size=batch, num_workers=cfg.dataloader_workers)
-        return self.sharded(self.train_set, micro_batch)
+        return self.sharded(self.train_set, micro_batch, {"bad_images": bad_images(self.train_set)})
 
     def loss(self, model: torch.nn.Module, batch, step: int) -> tuple[torch.Tensor, int]:
         x = images_to(batch[0], self.worker.device, self.cfg.channels_last, non_blocking=self.cfg.pin_memory)
@@ -123,5 +123,5 @@ class FinetuneTask(EncoderTask):
         return metrics
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
-        if "top1" in metrics:
-            self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f} val", *percents(metrics, "top1", "top5"))
+        val = ["val", *percents(metrics, "top1", "top5")] if "top1" in metrics else []  # an evaluated epoch
+        self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f}", *val)

@@ -112,6 +112,5 @@ class SegmentTask(EncoderTask):
         return {"miou": scores["miou"], "pixel_acc": scores["pixel_acc"], **per_class}
 
     def epoch_end(self, model: torch.nn.Module, metrics: dict) -> None:
-        if "miou" in metrics:
-            self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f} val",
-                           *percents(metrics, "miou", "pixel_acc"))
+        val = ["val", *percents(metrics, "miou", "pixel_acc")] if "miou" in metrics else []  # an evaluated epoch
+        self.log_epoch(metrics, f"train loss {metrics['train_loss']:.4f}", *val)
