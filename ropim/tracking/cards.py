@@ -15,6 +15,10 @@ def scores(tags: dict[str, str]) -> dict[str, str]:
             protocol = {"top1": "fine-tune top-1", "linear_top1": "linear-probe top-1", "knn_top1": "kNN top-1",
                         "miou": "segmentation mIoU"}.get(metric, metric)
             out[f"{protocol} on {dataset}"] = v
+    for k, v in sorted(tags.items()):  # an encoder's own, at its run's last epoch: score.digits.knn_top1
+        if k.startswith("score."):
+            _, dataset, metric = k.split(".", 2)
+            out[f"{metric} on {dataset}, its last epoch"] = v
     for k, label in (("top1", "top-1"), ("top5", "top-5"), ("miou", "mIoU"),  # a classifier's, a segmenter's own
                      ("pixel_acc", "pixel accuracy")):
         if k in tags:

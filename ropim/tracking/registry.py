@@ -117,6 +117,15 @@ def log_pyfunc(run_id: str, **kwargs):
         return mlflow.pyfunc.log_model(**kwargs)
 
 
+def tag_scores(name: str, version: str, scores: dict[str, float | str], uri: str | None = None) -> None:
+    """Tag version ``version`` of ``name`` with ``scores`` (``{tag: value}``, e.g. ``downstream.digits.top1``; a
+    number as ``%.2f``) and rewrite its card."""
+    c = client(uri)
+    for k, v in scores.items():
+        c.set_model_version_tag(name, version, k, v if isinstance(v, str) else f"{v:.2f}")
+    describe(name, version, uri)
+
+
 def describe(name: str, version: str, uri: str | None = None) -> None:
     """(Re)write the version's model card (``ropim.tracking.cards``) as its MLflow description, from its tags (the
     config's scalars, scores); called when it is registered and when a score is added."""

@@ -98,12 +98,8 @@ def final_eval(folder: Path) -> dict:
 
 def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:
     """Write ``tags`` (e.g. ``downstream.digits.top1``) on the encoder's registered version, if it has one."""
-    if ref.version is None:
-        return
-    c = store.client(tracking)
-    for k, v in tags.items():
-        c.set_model_version_tag(ref.name, ref.version, k, f"{v:.2f}")
-    registry.describe(ref.name, ref.version, tracking)
+    if ref.version is not None:
+        registry.tag_scores(ref.name, ref.version, tags, tracking)
 
 
 def run_tags(ref: EncoderRef, kind: str, data: DataConfig) -> dict[str, str]:

@@ -19,7 +19,7 @@ from ropim.console import ensure_logging
 from ropim.data.sources import one_listing
 from ropim.errors import ConfigError, JobFailed, first_line
 from ropim.paths import is_uri, job_copy_note
-from ropim.tracking import store
+from ropim.tracking import registry, store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run, open_run
@@ -239,7 +239,11 @@ def registered(p: Prepared, mlflow_run: Run, result: FitResult, folder: Path) ->
     """The job's register function on the final checkpoint ``folder``; a registered model found holding another kind
     by then (``MixedKinds``: nothing registered) is one line saying how to register the trained weights it keeps."""
     try:
-        return p.job.load("register")(p.cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+        uri = p.job.load("register")(p.cfg, p.ref, mlflow_run.run_id, folder, p.tracking)
+        scores = p.cfg.version_scores(result.metrics)  # a version's own final scores, for its card
+        if uri and scores and (version := registry.resolve_version(uri, p.tracking)):
+            registry.tag_scores(*version, scores, p.tracking)
+        return uri
     except store.TrackingError as err:
         raise JobFailed(unrecorded(p, f"the {p.job.model}", err)) from None
     except MixedKinds as err:

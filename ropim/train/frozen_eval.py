@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ropim.checks import COUNT, Range
-from ropim.train.job import JobConfig
+from ropim.train.job import JobConfig, dataset_name
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,17 @@ class FrozenEvalJob(JobConfig):
         DataLoader processes that decode, the bank's sample."""
         return {"data": self.data, "knn_k": self.knn_k, "linear": self.eval_linear_probe,
                 "processes": self.dataloader_workers, "train_images": self.eval_train_images}
+
+    def version_scores(self, metrics: dict[str, float]) -> dict[str, float | str]:
+        """``score.<data set>.<metric>`` of each frozen score the final epoch logged, its protocol beside the value
+        (``score.digits.knn_top1``: ``57.94 (k=20)``; MLflow keys take no ``@`` or ``=``)."""
+        out: dict[str, float | str] = {}
+        for m in ("knn_top1", "linear_top1"):
+            if m in metrics:
+                protocol = self.protocol(m).partition("@")[2]
+                out[f"score.{dataset_name(self.data)}.{m}"] = f"{metrics[m]:.2f}" + (f" ({protocol})" if protocol
+                                                                                     else "")
+        return out
 
     def protocol(self, metric: str) -> str:
         """``metric`` with what it depends on, e.g. ``knn_top1@k=20`` (k = 20 is not k = 10) or

@@ -169,6 +169,11 @@ class JobConfig:
         """The peak learning rate (a job's field, or its rule from a base rate and the batch)."""
         raise NotImplementedError(f"{type(self).__name__} gives no learning rate")
 
+    def version_scores(self, metrics: dict[str, float]) -> dict[str, float | str]:
+        """The tags a registered version gets of its run's final ``metrics`` (none here: the fine-tune's and the
+        segmentation's scores are in their registered configs)."""
+        return {}
+
     def last_epoch(self, start_epoch: int) -> int:
         """The epoch this job stops after (``stop_after_epochs`` from ``start_epoch``, at most ``epochs``)."""
         return self.epochs if self.stop_after_epochs is None else min(self.epochs, start_epoch + self.stop_after_epochs)

@@ -133,3 +133,18 @@ def test_lineage_lists_the_grafts_made_from_a_version(two_versions):
     found = lineage(store.client().get_model_version("ropim-encoder", "2"))
     assert found["grafts"] == [f"lgp-of-2 ({run[:8]}, kNN top-1 81.25)"]
     assert lineage(store.client().get_model_version("ropim-encoder", "1"))["grafts"] == []
+
+
+def test_a_versions_own_last_epoch_scores_are_tagged_with_their_protocol_and_carded():
+    """Pretrain's and graft's registered versions carry the kNN / probe scores of their run's last epoch, the
+    protocol (k, the bank's sample) beside the value, as MLflow keys take no ``@`` or ``=``; the card lists them."""
+    from ropim.data.config import DataConfig
+    from ropim.tracking.cards import scores
+    from ropim.train.pretrain.config import PretrainConfig
+
+    cfg = PretrainConfig(data=DataConfig(source="digits"), knn_k=10, eval_train_images=40)
+    tags = cfg.version_scores({"knn_top1": 57.941, "linear_top1": 61.0, "loss": 0.5})
+    assert tags == {"score.digits.knn_top1": "57.94 (k=10,train=40)", "score.digits.linear_top1": "61.00 (train=40)"}
+    assert PretrainConfig().version_scores({"loss": 0.5}) == {}  # no evaluation at the last epoch: no score
+    assert scores(tags) == {"knn_top1 on digits, its last epoch": "57.94 (k=10,train=40)",
+                            "linear_top1 on digits, its last epoch": "61.00 (train=40)"}

@@ -126,7 +126,7 @@ def test_interrupted_graft_resumes_the_momentum_schedule_exactly(first_stage, wo
 
 def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     uri, first_run, folder = first_stage
-    result = run(tiny_graft(uri, run_name="lgp"))
+    result = run(tiny_graft(uri, run_name="lgp", eval_every=2))
     name, version = result.model_uri.removeprefix("models:/").split("/")
     mv = store.client().get_model_version(name, version)
     assert mv.tags["stage"] == "lgp" and mv.tags["source_encoder"] == uri and mv.tags["source_run"] == first_run
@@ -134,6 +134,9 @@ def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     shown = catalog.show(result.model_uri)
     assert f"- lgp run: {result.run_id}" in shown and f"- first stage: {uri} (run {first_run})" in shown
     assert "lgp" in catalog.list_versions(name)
+    score = f"{result.metrics['knn_top1']:.2f} (k=20)"  # its own final kNN score, tagged, on its card (before: none)
+    assert mv.tags["score.digits.knn_top1"] == score
+    assert f"- knn_top1 on digits, its last epoch: {score}" in shown
     assert f"- grafts: lgp ({result.run_id[:8]}, kNN top-1 " in catalog.show(uri)  # the first stage's card
     encoder, config = registry.load_encoder(result.model_uri)  # loadable like any encoder: a plain timm model
     before = load_file(str(folder / "encoder.safetensors"))
@@ -141,7 +144,7 @@ def test_grafted_encoder_is_registered_with_its_lineage(first_stage, workdir):
     assert type(encoder).__name__ == "VisionTransformer" and config["lower_blocks"] == 2
     assert (after["patch_embed.proj.weight"] == before["patch_embed.proj.weight"]).all()  # frozen
     assert not (after["blocks.2.attn.qkv.weight"] == before["blocks.2.attn.qkv.weight"]).all()  # trained
-    again = run(tiny_graft(uri, run_name="lgp"))  # a finished graft is reported, not registered again
+    again = run(tiny_graft(uri, run_name="lgp", eval_every=2))  # a finished graft is reported, not registered again
     assert again.model_uri == result.model_uri
     assert len(store.client().search_model_versions(f"name='{name}'")) == int(version)
 
