@@ -148,19 +148,15 @@ def split_indices(n: int, val_fraction: float, seed: int) -> dict[str, np.ndarra
     return {"val": np.sort(perm[:n_val]), "train": np.sort(perm[n_val:])}
 
 
-def class_names(names: object, where: str) -> list[str]:
-    """A list of class names as strings; ConfigError naming ``where`` otherwise."""
+def class_names(names: object, where: str, num_classes: int | None = None) -> list[str]:
+    """A list of class names as strings, as many as ``num_classes`` (``data.num_classes``) when given; ConfigError
+    naming ``where`` otherwise."""
     if not isinstance(names, list) or not names or not all(isinstance(n, (str, int)) for n in names):
         raise ConfigError(f"class names in {where} must be a non-empty JSON list of strings, got {str(names)[:80]}")
-    return [str(n) for n in names]
-
-
-def counted_classes(names: list[str], where: str, num_classes: int | None) -> list[str]:
-    """``names`` (from ``where``) when ``data.num_classes`` is unset or agrees; ConfigError naming both otherwise."""
     if num_classes is not None and num_classes != len(names):
         raise ConfigError(f"data.num_classes={num_classes} but {where} names {len(names)} classes; leave "
                           "data.num_classes unset (the source names its classes) or make them agree")
-    return names
+    return [str(n) for n in names]
 
 
 @dataclass

@@ -14,17 +14,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ropim.data.formats.common import (
-    IMAGE_DIRS,
-    MASK_DIRS,
-    SEGMENT,
-    Listing,
-    Source,
-    class_names,
-    counted_classes,
-    is_folder,
-    is_image,
-)
+from ropim.data.formats.common import IMAGE_DIRS, MASK_DIRS, SEGMENT, Listing, Source, class_names, is_folder, is_image
 from ropim.data.pair_lists import IGNORE, FileSegList
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
@@ -161,11 +151,11 @@ def folder_classes(root: str, cfg: SegDataConfig, default: int | None) -> list[s
     path = os.path.join(root, "classes.json")
     if os.path.isfile(path):
         with open(path) as f:
-            names = class_names(json.load(f), path)
+            names = class_names(json.load(f), path, cfg.num_classes)
         if len(names) > IGNORE:
             raise ConfigError(f"{path} names {len(names)} classes; at most {IGNORE} fit a mask (labels "
                               f"0..{IGNORE - 1}, {IGNORE} = ignore)")
-        return counted_classes(names, path, cfg.num_classes)
+        return names
     n = cfg.num_classes or default
     if n is None:
         raise ConfigError(f"data source {cfg.source!r}: how many classes? give data.num_classes (labels 0..K-1, "

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from ropim.data import footers
-from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, counted_classes, in_val
+from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
 from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, unreadable
 from ropim.data.lists import Items
 from ropim.errors import ConfigError, DataError
@@ -128,8 +128,19 @@ def classes_of(cfg: DataConfig, fs, files: list[str]) -> list[str]:
     """Class names from the schema metadata, a classes.json beside the shards (segmentation: as many as
     ``data.num_classes`` when set), or numbered: "0".."K-1" from the labels (classification) or
     ``data.num_classes`` (segmentation)."""
-    if named := named_classes(fs, files):
-        return counted_classes(*named, cfg.num_classes if cfg.TASK == SEGMENT else None)
+    count = cfg.num_classes if cfg.TASK == SEGMENT else None
+    meta = footers.schema(fs, files[0]).metadata or {}
+    if b"classes" in meta:
+        return class_names(json.loads(meta[b"classes"]), f"{files[0]}'s schema metadata", count)
+    label = json.loads(meta.get(b"huggingface", b"{}")).get("info", {}).get("features", {}).get("label", {})
+    if label.get("_type") == "ClassLabel" and label.get("names"):
+        return class_names(label["names"], f"{files[0]}'s Hugging Face features", count)
+    for folder in dict.fromkeys(posixpath.dirname(f) for f in files[:1] + files[-1:]):
+        for d in (folder, posixpath.dirname(folder)):
+            p = posixpath.join(d, "classes.json")
+            if fs.get_file_info(p).type == pafs.FileType.File:
+                with fs.open_input_stream(p) as f:
+                    return class_names(json.loads(f.read()), p, count)
     if cfg.TASK == SEGMENT:
         if not cfg.num_classes:
             raise ConfigError(f"data source {cfg.source!r}: no class names in the shards' metadata; set "
@@ -137,26 +148,6 @@ def classes_of(cfg: DataConfig, fs, files: list[str]) -> list[str]:
         return [str(i) for i in range(cfg.num_classes)]
     max_label = max((pc.max(footers.read_columns(fs, f, ["label"])["label"]).as_py() or 0) for f in files)
     return [str(i) for i in range(max_label + 1)]
-
-
-def named_classes(fs, files: list[str]) -> tuple[list[str], str] | None:
-    """(class names, where they were found) from the schema metadata, the Hugging Face features or a classes.json
-    beside the shards (or their parent folder); None when none names them."""
-    meta = footers.schema(fs, files[0]).metadata or {}
-    if b"classes" in meta:
-        where = f"{files[0]}'s schema metadata"
-        return class_names(json.loads(meta[b"classes"]), where), where
-    label = json.loads(meta.get(b"huggingface", b"{}")).get("info", {}).get("features", {}).get("label", {})
-    if label.get("_type") == "ClassLabel" and label.get("names"):
-        where = f"{files[0]}'s Hugging Face features"
-        return class_names(label["names"], where), where
-    for folder in dict.fromkeys(posixpath.dirname(f) for f in files[:1] + files[-1:]):
-        for d in (folder, posixpath.dirname(folder)):
-            p = posixpath.join(d, "classes.json")
-            if fs.get_file_info(p).type == pafs.FileType.File:
-                with fs.open_input_stream(p) as f:
-                    return class_names(json.loads(f.read()), p), p
-    return None
 
 
 @dataclass
