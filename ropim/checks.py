@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ropim.errors import ConfigError
@@ -154,6 +156,22 @@ def check_location(location: str | None, field: str) -> None:
         raise ConfigError(f"{field}={shown} (credentials removed): a URI may not carry credentials, they would be "
                           "logged with the run's config; give them as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and "
                           "AWS_SESSION_TOKEN) environment variables, AWS_PROFILE, or the node's instance role")
+
+
+def check_folder(path: str, what: str) -> None:
+    """``path`` (the input ``what`` names) is a local folder that can be written to, or one that can be created
+    (nothing is created here); ConfigError naming it otherwise, before any work whose results it would hold."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{what} {path!r} is a file, not a folder; give a folder, or move the file")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {path!r} cannot be created: {parent} is a file; give a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        where = "folder is" if parent == p else f"folder cannot be created in {parent}:"
+        raise ConfigError(f"{what} {path!r}: the {where} not writable; give a folder you can write to")
 
 
 def visible_gpus() -> int:

@@ -177,6 +177,17 @@ CASES = {  # id: (argv, what the one line must name)
     "encoder config not JSON": (("probe", "--encoder", "bad-config-encoder"), "config.json cannot be read"),
     "encoder config of another width": (("probe", "--encoder", "wide-config-encoder"),
                                          "wide-config-encoder: the weights do not fit the VisionTransformer"),
+    # results folders that are files: said before the work whose results they would hold
+    "viz --out a file": (("viz", "--encoder", "ENC", "--out", "afile"), "--out 'afile' is a file, not a folder"),
+    "probe --cache_dir a file": (("probe", "--encoder", "ENC", "--cache_dir", "afile"),
+                                 "--cache_dir 'afile' is a file, not a folder"),
+    "convert destination under a file": (("data", "convert", "digits", "afile/sub"),
+                                         "convert destination 'afile/sub' cannot be created: afile is a file"),
+    "inspect sample zero": (("data", "inspect", "digits", "--sample", "0"), "--sample 0: must be ≥ 1"),
+    # segmentation settings that would train to a wrong score
+    "segment eval stride above the crop": ((*SEG, "--eval_stride", "200"), "eval_stride=200 > crop_size="),
+    "digits canvases of another class count": ((*SEG, "--data.num_classes", "5"),
+                                               "data.num_classes=5 but the built-in digits canvas set names 11"),
     # config files
     "key given twice in a config file": ((*PRE, "--config", "twice.yaml"),
                                          "config file twice.yaml: key 'model.rho' is given twice (lines 2 and 3)"),
@@ -224,6 +235,7 @@ def fixtures(tmp_path_factory) -> Path:
         (work / "ray_results" / name / checkpoint).mkdir(parents=True)  # where one epoch was kept
     (work / "nodata.yaml").write_text("data:\n#  source: ./images\nepochs: 1\n")  # its keys commented out
     (work / "nan.yaml").write_text("base_lr: .nan\n")
+    (work / "afile").write_text("not a folder\n")
     (work / "twice.yaml").write_text("model:\n  rho: 0.2\n  rho: 0.3\n")
     (work / "list.yaml").write_text("- epochs: 3\n- seed: 1\n")
     (work / "syntax.yaml").write_text("epochs: [1\nseed: :\n")

@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ropim.checks import check_location
+from ropim.checks import check_folder, check_location
 from ropim.data.config import DataConfig
 from ropim.data.decode import BadImages
 from ropim.data.destination import (
@@ -51,7 +51,7 @@ from ropim.data.lists import Items
 from ropim.data.sources import open_source
 from ropim.data.staging import staged_shards
 from ropim.errors import ConfigError
-from ropim.paths import resolve_path
+from ropim.paths import is_uri, resolve_path
 
 ROW_GROUP = 256  # rows per write call; bounds memory to one row group of encoded images
 
@@ -152,6 +152,8 @@ def check_request(dst: str, shard_size: int) -> None:
     if shard_size < 1:
         raise ConfigError(f"shard_size={shard_size}: must be ≥ 1")
     check_location(dst, "convert destination")
+    if not is_uri(dst):
+        check_folder(dst, "convert destination")
 
 
 def write_all(src: Source, lists: dict[str, Items], fs, root: str, dst: str, shard_size: int, shuffle: bool,

@@ -15,6 +15,7 @@ from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats.common import Source
 from ropim.data.formats.parquet_rows import KEPT_FILES, ParquetList, ShardRows
 from ropim.data.sources import check_pairs, open_source
+from ropim.errors import ConfigError
 
 
 def _size(data: bytes | np.ndarray) -> tuple[int, int, str] | None:
@@ -36,6 +37,8 @@ def inspect_source(cfg: DataConfig, sample: int = 200) -> dict:
     Parquet, so a remote data set is not read whole); sizes and modes come from their headers. ConfigError naming
     the source when none of them decodes.
     """
+    if sample < 1:
+        raise ConfigError(f"--sample {sample}: must be ≥ 1 (the images whose sizes are read)")
     cfg = cfg.resolved().validate()
     src = open_source(cfg)
     splits = {s: src.split(s, cache_files=1) for s in ("train", "val")}

@@ -13,6 +13,7 @@ from ropim.checks import (
     SEED,
     Range,
     check_fields,
+    check_folder,
     check_local_resources,
     check_mlflow_names,
     check_run_name,
@@ -72,6 +73,8 @@ class ProbeConfig:
                             "img_size": Range(1, integer=True, optional=True)})
         check_run_name(self.run_name)
         check_mlflow_names(self.experiment)
+        if self.cache_dir is not None:
+            check_folder(self.cache_dir, "--cache_dir")  # the features are written after they are extracted
         return self
 
     def check_resources(self) -> None:

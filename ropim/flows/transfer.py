@@ -10,11 +10,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ropim.checks import check_folder
 from ropim.data.sources import one_listing
 from ropim.errors import ConfigError
 from ropim.flows.config import TransferConfig
@@ -34,22 +34,11 @@ RESULTS = ("transfer.csv", "transfer.md", "transfer.json")  # written in ``out``
 def check_out(out: str) -> None:
     """``--out`` is a folder the table can be written to, or one that can be created (nothing is created here);
     ConfigError naming it otherwise, so that the results of hours of cells are not lost at the end."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {out!r} is a file, not a folder; give a folder for the results table, or move "
-                          "the file")
-    taken = [name for name in RESULTS if (path / name).is_dir()]
+    check_folder(out, "--out")
+    taken = [name for name in RESULTS if (Path(out) / name).is_dir()]
     if taken:
         raise ConfigError(f"--out {out!r} holds a folder named {taken[0]}, where the table is written; move it or "
                           "give another --out")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--out {out!r} cannot be created: {parent} is a file; give a folder path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        what = "folder is" if parent == path else f"folder cannot be created in {parent}:"
-        raise ConfigError(f"--out {out!r}: the {what} not writable; give a folder you can write to")
 
 
 def preflight(cfg: TransferConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ropim.checks import COUNT, NON_NEGATIVE, SEED, Range, check_fields
+from ropim.checks import COUNT, NON_NEGATIVE, SEED, Range, check_fields, check_folder
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 
@@ -41,6 +41,7 @@ class VizConfig:
         """Raise ConfigError naming the bad field and its fix."""
         if self.encoder and self.checkpoint:
             raise ConfigError("--encoder and --checkpoint: give one of them (or neither for Figure 5 only)")
+        check_folder(self.out, "--out")  # the pictures are written after the model is loaded
         open_share = Range(0, 1, low_open=True, high_open=True)
         check_fields(self, {"n_images": COUNT, "fig5_images": COUNT, "scale": Range(1, integer=True, optional=True),
                             "seed": SEED, "fig5_rho": open_share, "fig5_mask_ratio": open_share,

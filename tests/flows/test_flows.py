@@ -177,7 +177,7 @@ def test_transfer_checks_out_before_any_cell(workdir, encoder, monkeypatch):
                        (workdir / "out-taken", "holds a folder named transfer.csv")):
         with pytest.raises(ConfigError, match=f"--out '{out}' {match}"):
             transfer(TransferConfig(encoders=uri, data="digits", mode="probe", out=str(out)))
-    monkeypatch.setattr(transfer_flow.os, "access", lambda path, mode: False)
+    monkeypatch.setattr("ropim.checks.os.access", lambda path, mode: False)
     with pytest.raises(ConfigError, match="--out .*new/table': the folder cannot be created in .* not writable"):
         transfer(TransferConfig(encoders=uri, data="digits", mode="probe", out=str(workdir / "new" / "table")))
     assert cells == [] and not (workdir / "new").exists()

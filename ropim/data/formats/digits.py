@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, split_indices
+from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, class_names, split_indices
 from ropim.data.lists import ArrayList, Items
 from ropim.data.pair_lists import ArraySegList
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the config imports this module to check a source
 NAME = "digits"
 TASKS = (CLASSIFY, SEGMENT)
 CLASSES = ["background"] + [f"digit {d}" for d in range(10)]  # segmentation's
+CANVASES = "the built-in digits canvas set"  # what messages call them
 THRESHOLD = 0.35
 
 
@@ -34,7 +35,9 @@ def detect(path: str) -> bool:
 
 
 def check(cfg: DataConfig) -> None:
-    """Nothing on disk to check."""
+    """Nothing on disk to check; the canvases' classes against ``data.num_classes`` (segmentation)."""
+    if cfg.TASK == SEGMENT:
+        class_names(list(CLASSES), CANVASES, cfg.num_classes)
 
 
 def digit_strokes() -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +112,8 @@ def source(cfg: DataConfig, img_size: int = 32) -> Source:
     if cfg.TASK == SEGMENT:
         images, masks = digit_canvases(cfg.canvases, cfg.canvas_size, cfg.split_seed)
         paths = [f"digits-canvas/{i:05d}" for i in range(len(images))]
-        return DigitsSource(NAME, NAME, list(CLASSES), cfg, {"all": ArraySegList(images, masks, paths, len(CLASSES))})
+        classes = class_names(list(CLASSES), CANVASES, cfg.num_classes)
+        return DigitsSource(NAME, NAME, classes, cfg, {"all": ArraySegList(images, masks, paths, len(classes))})
     images, labels, classes = load_digits(img_size)
     paths = [f"digits/{i:04d}.png" for i in range(len(labels))]
     return DigitsSource(NAME, NAME, classes, cfg, {"all": ArrayList(images, labels, paths, classes)})
