@@ -13,12 +13,14 @@ preset: rho_ablation on digits_demo), the sweep's own flags, and every ``ropim p
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
-from argparse import ArgumentError
+from argparse import ArgumentError, ArgumentTypeError
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import yaml
 from jsonargparse import ArgumentParser, Namespace
 
 from ropim.cli import ERRORS, one_line, parser_of, preset_action, shipped_presets, stopped, typed_fields
@@ -40,6 +42,30 @@ HELP = "sweep rho / lr / epochs on Ray Tune (+ Optuna); register the best encode
 # what may change when a sweep is continued: whether and as what its best encoder is registered (a registered model
 # found holding classifiers at the end of a sweep, say); the trials already run fix everything else
 RESUMABLE = ("register", "registered_model")
+SPACE_EXAMPLE = """'{"rho": {"grid": [0.14, 0.25]}}'"""  # what --space's errors show, quoted for the shell
+
+
+class SpaceJson:
+    """``--space``'s type: JSON text (YAML flow style too) parsed into a mapping of knobs, a config file's mapping
+    kept; anything else is refused in one line (argparse prefixes ``argument --space:``) with what it should be."""
+
+    def __repr__(self) -> str:  # the type --help shows
+        return "JSON object"
+
+    def __call__(self, value: object) -> dict | None:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                try:
+                    value = yaml.safe_load(value)
+                except yaml.YAMLError:
+                    value = None
+                if not isinstance(value, dict):
+                    raise ArgumentTypeError(f"not valid JSON ({err}); e.g. {SPACE_EXAMPLE}") from None
+        if value is not None and not isinstance(value, dict):
+            raise ArgumentTypeError(f"{value!r} is not a JSON object of knobs; e.g. {SPACE_EXAMPLE}")
+        return value
 
 
 def parser() -> ArgumentParser:
@@ -59,7 +85,7 @@ def parser() -> ArgumentParser:
     p.add_argument("--preset_name", "--preset-name", type=str, default="rho_ablation",
                    help="the preset's name, recorded with the sweep (set by the preset files)")
     p.add_argument("--search", type=Literal[SEARCHES], default="grid", help="grid, or tpe (Optuna)")
-    p.add_argument("--space", type=dict | None, default=None,
+    p.add_argument("--space", type=SpaceJson(), default=None,
                    help='search space as JSON, e.g. \'{"rho": {"grid": [0.1, 0.3]}}\' (kinds grid, choice, uniform, '
                         "loguniform over any pretraining field)")
     p.add_argument("--metric", type=Literal[tuple(METRICS)], default="knn_top1", help="the objective on the val split")
