@@ -184,6 +184,12 @@ CASES = {  # id: (argv, what the one line must name)
     "convert destination under a file": (("data", "convert", "digits", "afile/sub"),
                                          "convert destination 'afile/sub' cannot be created: afile is a file"),
     "inspect sample zero": (("data", "inspect", "digits", "--sample", "0"), "--sample 0: must be ≥ 1"),
+    "transfer data set given twice": (("transfer", "--encoders", "ENC", "--data", "digits,,digits", "--mode", "probe"),
+                                      "--data lists 'digits' twice"),
+    "encoder without version or alias": (("finetune", "--preset", "digits_demo", "--encoder", "models:/ropim-encoder"),
+                                         "'models:/ropim-encoder': a registered model is addressed by version or"),
+    "encoder run without its folder": (("segment", "--preset", "digits_seg", "--encoder", "runs:/0123abcd"),
+                                       "'runs:/0123abcd': a run's model is addressed by the run and its artifact"),
     # segmentation settings that would train to a wrong score
     "segment eval stride above the crop": ((*SEG, "--eval_stride", "200"), "eval_stride=200 > crop_size="),
     "digits canvases of another class count": ((*SEG, "--data.num_classes", "5"),

@@ -144,6 +144,11 @@ class TransferConfig:
         if not self.data_list and not self.segment_list:
             raise ConfigError("data is empty: give --data SOURCE1,SOURCE2,… (e.g. digits or folders) and/or "
                               "--segment_data SOURCE1,… (segmentation sources)")
+        for flag, items in (("encoders", self.encoder_list), ("data", self.data_list),
+                            ("segment_data", self.segment_list)):
+            if twice := next((x for i, x in enumerate(items) if x in items[:i]), None):
+                raise ConfigError(f"--{flag} lists {twice!r} twice: each cell would run again for one column or row "
+                                  "of the table; list it once")
         for _, _, cfg in [*self.cells(), *self.segment_cells()]:
             cfg.validate()
         return self

@@ -13,6 +13,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ropim.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelRef:
@@ -35,9 +37,16 @@ class ModelRef:
                 name, alias = ref.split("@", 1)
                 return cls(text, "models", name=name, alias=alias)
             name, _, version = ref.partition("/")
+            if not name or not version:
+                example = name or "ropim-encoder"
+                raise ConfigError(f"{text!r}: a registered model is addressed by version or alias, e.g. "
+                                  f"models:/{example}/1 or models:/{example}@champion")
             return cls(text, "models", name=name, version=version)
         if text.startswith("runs:/"):
             run_id, _, path = text.removeprefix("runs:/").strip("/").partition("/")
+            if not run_id or not path:
+                raise ConfigError(f"{text!r}: a run's model is addressed by the run and its artifact folder, e.g. "
+                                  f"runs:/{run_id or 'RUN_ID'}/encoder")
             return cls(text, "runs", run_id=run_id, path=path)
         return cls(text)
 
