@@ -146,3 +146,14 @@ def test_val_images_decode_in_dataloader_processes_to_the_same_confusion():
     here = evaluate_confusion(model, val, range(len(val)), cfg, k, torch.device("cpu"))
     there = evaluate_confusion(model, InLoaderProcess(val), range(len(val)), cfg, k, torch.device("cpu"), processes=2)
     assert here.sum() > 0 and torch.equal(here, there)
+
+
+def test_a_sliding_stride_above_the_crop_is_refused_and_ignored_when_not_sliding():
+    """Windows farther apart than a crop leave the pixels between them unpredicted (a silently wrong mIoU): refused
+    for ``eval_mode=slide``; with ``whole`` the stride is not used, so any value stands."""
+    from ropim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval_stride=65 > crop_size=64: the sliding windows would skip"):
+        SegmentConfig(crop_size=64, eval_stride=65).check()
+    SegmentConfig(crop_size=64, eval_stride=64).check()
+    SegmentConfig(crop_size=64, eval_stride=341, eval_mode="whole").check()

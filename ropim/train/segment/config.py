@@ -64,7 +64,7 @@ class SegmentConfig(TransferJob):
     def check(self) -> None:
         if self.scale_min > self.scale_max:
             raise ConfigError(f"scale_min={self.scale_min} > scale_max={self.scale_max}: give scale_min ≤ scale_max")
-        if self.eval_stride is not None and self.eval_stride > self.crop_size:
+        if self.eval_mode == "slide" and self.eval_stride is not None and self.eval_stride > self.crop_size:
             raise ConfigError(f"eval_stride={self.eval_stride} > crop_size={self.crop_size}: the sliding windows would "
                               "skip the pixels between them; give eval_stride ≤ crop_size (None: 2/3 of it)")
         if self.batch_size // max(1, self.num_workers) < 2:
