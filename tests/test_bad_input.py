@@ -191,7 +191,8 @@ CASES = {  # id: (argv, what the one line must name)
     "encoder run without its folder": (("segment", "--preset", "digits_seg", "--encoder", "runs:/0123abcd"),
                                        "'runs:/0123abcd': a run's model is addressed by the run and its artifact"),
     # segmentation settings that would train to a wrong score
-    "segment eval stride above the crop": ((*SEG, "--eval_stride", "200"), "eval_stride=200 > crop_size="),
+    "segment eval stride above the crop": ((*SEG, "--eval_mode", "slide", "--eval_stride", "200"),
+                                           "eval_stride=200 > crop_size="),
     "digits canvases of another class count": ((*SEG, "--data.num_classes", "5"),
                                                "data.num_classes=5 but the built-in digits canvas set names 11"),
     # config files
