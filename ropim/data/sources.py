@@ -68,9 +68,10 @@ def check_source(cfg: DataConfig) -> str:
     Segmentation sources list every pair and decode ``check_pairs`` of each split (sizes, label range). Returns the
     format's name."""
     fmt = detect_format(cfg)
-    fmt.check(cfg)
-    if cfg.TASK == SEGMENT and fmt is not digits:
-        check_pairs(open_source(cfg), cfg.check_pairs)  # the job's listing, within ``one_listing``
+    if cfg.TASK == SEGMENT and fmt is not digits:  # open_source checks the format as it lists (once per job)
+        check_pairs(open_source(cfg), cfg.check_pairs)
+    else:
+        fmt.check(cfg)
     return fmt.NAME
 
 
