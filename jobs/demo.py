@@ -1,6 +1,6 @@
-"""`ropim demo` as a Ray job (the file's name is the command; `ropim.train.jobs` lists the training jobs).
+"""`ropim demo` as a Ray job (the file's name is the command; a flow of ``ropim.flows``, not a training job).
 
-    ray job submit --working-dir . -- python jobs/demo.py [--preset NAME] [overrides]
+    ray job submit --working-dir . -- python jobs/demo.py [--preset NAME] [flags]
 """
 
 import sys

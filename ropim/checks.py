@@ -182,16 +182,16 @@ def visible_gpus() -> int:
 
 
 def check_local_resources(num_workers: int, cpus_per_worker: float, use_gpu: bool, wait: bool) -> None:
-    """On a local Ray (no RAY_ADDRESS), workers must fit this machine: ConfigError for a GPU run without a GPU or for
-    more worker CPUs than the machine has, unless ``wait`` (``wait_for_resources``) says to wait for them."""
-    import os
-
-    if wait or os.environ.get("RAY_ADDRESS"):
+    """On a local Ray (no RAY_ADDRESS, no Ray up in this process: ``local_cpus``), workers must fit this machine:
+    ConfigError for a GPU run without a GPU or for more worker CPUs than the machine has, unless ``wait``
+    (``wait_for_resources``) says to wait for them. A sweep trial's driver, on whatever node Ray placed it, is in a Ray
+    already: the cluster is judged there, not that node."""
+    cpus = local_cpus()
+    if wait or cpus is None:
         return
     if use_gpu and not visible_gpus():
         raise ConfigError("use_gpu=true but this machine has no visible GPU; drop --use_gpu, run on a GPU "
                           "cluster (RAY_ADDRESS), or set --wait_for_resources true to wait for one")
-    cpus = os.cpu_count() or 1
     if num_workers * cpus_per_worker > cpus:
         raise ConfigError(f"num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} needs "
                           f"{num_workers * cpus_per_worker:g} CPUs, this machine has {cpus}; lower them, or set "
@@ -258,3 +258,11 @@ def check_encoder_input(uri: str, config: dict, img_size: int | None = None) -> 
     if size <= 0 or size % p:
         raise ConfigError(f"img_size={size}: encoder {uri} has patch size {p}, which must divide the image size "
                           f"(e.g. img_size={max(p, size - size % p)})")
+
+
+def check_knn_bank(k: int, bank: int, what: str, field: str = "knn_k") -> None:
+    """A kNN's k is at most the ``bank`` of train features it searches (``what`` says which): a larger k would be
+    capped to the bank, and the protocol it is reported under (``k=…``) would be false."""
+    if k > bank:
+        raise ConfigError(f"{field}={k} is more than the {bank} images of the kNN's bank ({what}): give {field}={bank} "
+                          "or less")

@@ -110,6 +110,8 @@ CASES = {  # id: (argv, what the one line must name)
                                              "models:/ropim-classifier/1: this is a classifier, where encoder weights"),
     "logged classifier as the encoder": (("probe", "--encoder", "runs:/CLF_RUN/classifier"),
                                          "/classifier: this is a classifier, where encoder weights are expected"),
+    "logged model path the run lacks": (("probe", "--encoder", "runs:/CLF_RUN/encoder"),
+                                        "/encoder: run CLF_RUN holds no artifact 'encoder' (it holds classifier"),
     "models list where no store is": (("models", "list"), "no tracking store at sqlite:///"),
     "missing alias": (("finetune", "--encoder", "models:/ropim-encoder@nope"), "no alias 'nope'"),
     "missing version": (("finetune", "--encoder", "models:/ropim-encoder/999"), "no such registered version"),
@@ -144,6 +146,17 @@ CASES = {  # id: (argv, what the one line must name)
                                      "needs at least 2 images per worker"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
     "empty kNN bank": ((*PRE, "--eval_train_images", "0"), "eval_train_images=0: must be an integer ≥ 1 (or null)"),
+    # a kNN's k above the images it searches would be capped, under a protocol name (k=…) that is false
+    "probe k above the train split": (("probe", "--encoder", "ENC", "--knn_k", "5000"),
+                                      "knn_k=5000 is more than the 1438 images of the kNN's bank (the train split of"),
+    "transfer probe k above the train split": (("transfer", "--encoders", "ENC", "--data", "digits", "--mode", "probe",
+                                                "--probe.knn_k", "5000"), "probe.knn_k=5000 is more than the 1438"),
+    "kNN k above the bank's sample": ((*PRE, "--eval_every", "1", "--eval_train_images", "10"),
+                                      "knn_k=20 is more than the 10 images of the kNN's bank (eval_train_images=10)"),
+    "kNN k above the train split": ((*PRE, "--eval_every", "1", "--knn_k", "2000"),
+                                    "knn_k=2000 is more than the 1438 images of the kNN's bank (the train split of"),
+    "sweep trials stopped part-way": (("sweep", "--stop_after_epochs", "2"), "stop_after_epochs=2: a sweep trains"),
+    "sweep kNN k above the train split": (("sweep", "--knn_k", "2000"), "knn_k=2000 is more than the 1438 images"),
     "viz no images": (("viz", "--n_images", "0"), "n_images=0"),
     "sweep rho above 1": (("sweep", "--space", '{"rho": {"grid": [0.1, 1.5]}}'), "rho: values must lie in"),
     "sweep name escapes": (("sweep", "--name", "../x"), "name='../x'"),
@@ -323,7 +336,8 @@ def written(work: Path) -> dict[str, tuple[int, int] | None]:
 
 
 REGISTRY_CASES = {"missing version in an existing store", "missing model version in an existing store",
-                  "registered classifier as the encoder", "logged classifier as the encoder"}
+                  "registered classifier as the encoder", "logged classifier as the encoder",
+                  "logged model path the run lacks"}
 
 
 def case_env(case: str, work: Path) -> dict:
@@ -341,12 +355,13 @@ def test_catalogue_of_bad_input_is_one_line_before_ray_and_writes_nothing(fixtur
     run = (fixtures / "CLF_RUN").read_text()
     procs = run_cli_forked([([a.replace("CLF_RUN", run) for a in argv], case_env(case, fixtures))
                             for case, (argv, _) in CASES.items()], cwd=fixtures, timeout=900)
+    expected = {case: named.replace("CLF_RUN", run) for case, (_, named) in CASES.items()}
     results = dict(zip(CASES, procs, strict=True))
     assert len(CASES) >= 40
     wrong = {}
     for case, proc in results.items():
         lines = proc.stderr.strip().splitlines()
-        if proc.returncode == 0 or len(lines) != 1 or CASES[case][1] not in lines[0] or "Ray" in proc.stdout \
+        if proc.returncode == 0 or len(lines) != 1 or expected[case] not in lines[0] or "Ray" in proc.stdout \
                 or SECRET in proc.stdout + proc.stderr:
             wrong[case] = (proc.returncode, proc.stderr[-600:])
     assert not wrong, wrong

@@ -95,7 +95,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
                   tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
                   resume=cfg.resume_command) as run:
         meta = run.meta
-        if run.finished:
+        if run.finished or meta.get("finished"):  # or recorded by a sweep killed before its run was ended
             print(f"[sweep] {cfg.name} already finished (MLflow run {run.run_id}); best encoder "
                   f"{meta.get('encoder_uri')}")
             return SweepResult(cfg.name, run.run_id, True, meta["rows"], meta.get("best"), meta.get("encoder_uri"),
@@ -128,7 +128,7 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
                                                             p["cpus_per_worker"], p["use_gpu"])
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
            "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
-           "metric": cfg.metric, "finetune": cfg.trial_finetune(p), "segment": cfg.trial_segment(p),
+           "metric": cfg.metric, "recipes": cfg,  # each trial's fine-tune / segmentation from it
            "listings": listings()}  # Tune puts ctx in Ray's object store once (``tune.with_parameters``)
     if p["eval_every"] > 1 and (cfg.search == "tpe" or cfg.scheduler == "asha"):
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # epochs between evaluations lack the metric

@@ -15,6 +15,7 @@ from ropim.tracking import registry, store
 from ropim.tracking.champion import promote_champion
 from ropim.tracking.model_folder import MixedKinds
 from ropim.tracking.runs import Run
+from ropim.tracking.signals import STOP
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.pretrain.register import register_encoder
 from tune import report
@@ -138,7 +139,7 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
               f"`{cfg.resume_command}`", flush=True)
         return SweepResult(cfg.name, parent, False, rows)
     errors = sum(r["status"] == "error" for r in rows)
-    scored = [r for r in rows if r[cfg.metric] is not None and r["checkpoint"]]
+    scored = [r for r in rows if r["status"] != "error" and r[cfg.metric] is not None and r["checkpoint"]]
     if errors and not scored:  # nothing to register: the sweep failed, and --resume runs its failed trials again
         store.set_tags(parent, {"ropim.state": f"failed: {errors} of {len(rows)} trials failed, none scored"}, uri)
         raise JobFailed(f"sweep {cfg.name}: {errors} of {len(rows)} trials failed and none scored (each trial's "
@@ -160,16 +161,18 @@ def finish(cfg: SweepConfig, grid, run: Run) -> SweepResult:
         table = files["ablation.md"].read_text()
         files = {k: str(v) for k, v in files.items()}
     encoder_uri, decisions = None, {}
-    if best is not None:
-        store.log_metrics(parent, {f"best_{cfg.metric}": best[cfg.metric]}, 0, uri)
-        store.set_tags(parent, {"ropim.best_trial": best["trial"], "ropim.best_run_id": best["mlflow_run"]}, uri)
-        if cfg.register and cfg.pretrain.get("registered_model", "ropim-encoder"):  # "": register nothing
-            encoder_uri, decisions = register_best(cfg, best, parent, uri)
-            store.set_tags(parent, {"ropim.encoder_uri": encoder_uri, **{
-                f"ropim.alias.{a}": ("moved: " if moved else "not moved: ") + why
-                for a, (moved, why) in decisions.items()}}, uri)
-    store.set_tags(parent, {"ropim.state": f"finished, {errors} failed trials" if errors else "finished"}, uri)
-    run.save(finished=True, rows=rows, best=best, encoder_uri=encoder_uri, champion=decisions, table=table)
+    with STOP.deferred():  # the version registered and the aliases moved are recorded as the outcome before a stop
+        if best is not None:
+            store.log_metrics(parent, {f"best_{cfg.metric}": best[cfg.metric]}, 0, uri)
+            store.set_tags(parent, {"ropim.best_trial": best["trial"], "ropim.best_run_id": best["mlflow_run"]}, uri)
+            if cfg.register and cfg.pretrain.get("registered_model", "ropim-encoder"):  # "": register nothing
+                encoder_uri, decisions = register_best(cfg, best, parent, uri)
+                store.set_tags(parent, {"ropim.encoder_uri": encoder_uri, **{
+                    f"ropim.alias.{a}": ("moved: " if moved else "not moved: ") + why
+                    for a, (moved, why) in decisions.items()}}, uri)
+        store.set_tags(parent, {"ropim.state": f"finished, {errors} failed trials" if errors else "finished"}, uri)
+        run.save(finished=True, rows=rows, best=best, encoder_uri=encoder_uri, champion=decisions, table=table)
+        run.recorded = True
     print("\n" + table, flush=True)
     if best is not None:
         print(f"[sweep] best: trial {best['trial']} (rho {best['rho']:.3f}, base_lr {best['base_lr']:.2e}, "

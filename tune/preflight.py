@@ -25,15 +25,17 @@ class PreparedSweep(SweepConfig):
 
 def derived(cfg: SweepConfig) -> SweepConfig:
     """``cfg`` as the pre-flight completes it: named, local paths absolute (trials run in other folders), evaluated at
-    the final epoch at least, the linear probe on where it is the metric; ConfigError only where ASHA lacks the
-    intermediate evaluations. ``--resume`` compares a command line with the stored sweep through it, so that the
-    original command typed again changes nothing."""
+    the final epoch at least (under ASHA, inline), the linear probe on where it is the metric; ConfigError only where
+    ASHA lacks the intermediate evaluations. ``--resume`` compares a command line with the stored sweep through it,
+    so that the original command typed again changes nothing."""
     cfg = cfg.resolved()
     pretrain = json.loads(json.dumps(cfg.pretrain))
     if cfg.scheduler == "asha" and pretrain.get("eval_every", 0) < 1:
         raise ConfigError("scheduler=asha needs the metric at intermediate epochs: add --eval_every 1")
     if pretrain.get("eval_every", 0) < 1:
         pretrain["eval_every"] = int(max(cfg.max_epochs, pretrain["epochs"]))  # kNN on the final epoch only
+    if cfg.scheduler == "asha":  # ASHA reads each epoch's report; an evaluation beside training goes to MLflow only
+        pretrain["eval_async"] = False
     if cfg.metric == "linear_top1":
         pretrain["eval_linear_probe"] = True
     segment = cfg.segment
@@ -51,6 +53,10 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
     cfg = derived(cfg).validate()
     pretrain = cfg.pretrain
     base = PretrainConfig.from_dict(pretrain).validate()
+    if base.stop_after_epochs is not None:
+        raise ConfigError(f"stop_after_epochs={base.stop_after_epochs}: a sweep trains each trial's whole schedule (a "
+                          "trial stopped part-way would be scored and registered as finished); stop a sweep with "
+                          "Ctrl+C or SIGTERM and continue it with --resume NAME")
     for knob, dist in cfg.space.items():
         for value in next(iter(dist.values())):
             try:
@@ -64,7 +70,7 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
         SegmentConfig.from_dict(cfg.trial_segment(pretrain)).validate()
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
-    check_batch_fits(base.data, batches)
+    base.check_bank(check_batch_fits(base.data, batches))
     if cfg.register:  # the best encoder goes into a registered model of encoders
         check_tracking(uri := tracking_uri())
         check_registered_model(pretrain.get("registered_model", DEFAULT_ENCODER_NAME), "encoder", uri)

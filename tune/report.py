@@ -52,8 +52,8 @@ def to_csv(rows: list[dict], metric: str) -> str:
 def by_rho(rows: list[dict], metric: str) -> list[tuple[float, float, float, int]]:
     """(rho, mean, std, n) of the metric over the trials at each rho (finished trials with a value)."""
     groups: dict[float, list[float]] = {}
-    for r in rows:
-        if r.get(metric) is not None:
+    for r in rows:  # not a failed trial's last score, nor one stopped early at an earlier epoch's
+        if r.get(metric) is not None and r.get("status", "finished") == "finished":
             groups.setdefault(round(float(r["rho"]), 6), []).append(float(r[metric]))
     return [(rho, statistics.fmean(v), statistics.pstdev(v), len(v)) for rho, v in sorted(groups.items())]
 

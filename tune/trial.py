@@ -34,7 +34,8 @@ def trial_driver(config: dict, ctx: dict) -> None:
     with one_listing(ctx.get("listings")):
         trial_id = ray.tune.get_context().get_trial_id()
         uri, storage = ctx["tracking_uri"], ctx["train_storage"]
-        cfg = PretrainConfig.from_dict(apply_trial(ctx["pretrain"], config))
+        pretrain = apply_trial(ctx["pretrain"], config)
+        cfg = PretrainConfig.from_dict(pretrain)
         cfg = dataclasses.replace(cfg, run_name=f"trial_{trial_id}", storage_path=storage)
         tags = {"mlflow.parentRunId": ctx["parent_run_id"], "ropim.kind": "sweep-trial", "ropim.sweep": ctx["sweep"],
                 "ropim.trial_id": trial_id, "ropim.trial_config": json.dumps(config)}
@@ -48,8 +49,11 @@ def trial_driver(config: dict, ctx: dict) -> None:
         store.set_tags(result.run_id, {"ropim.checkpoint": result.checkpoint_path or ""}, uri)
         metric = ctx.get("metric")
         job = metric.split("_", 1)[0] if metric else None
+        if result.earlier and job not in JOBS:  # finished before a stop that Tune's saved state missed: said again
+            ray.tune.report({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         if job in JOBS and result.metrics.get("epoch") == cfg.epochs:  # a downstream job's score: finetune_top1, …
-            score = downstream_score(job, metric.split("_", 1)[1], cfg, result, ctx[job], uri)
+            fields = getattr(ctx["recipes"], f"trial_{job}")(pretrain)  # on the trial's seed, data and workers
+            score = downstream_score(job, metric.split("_", 1)[1], cfg, result, fields, uri)
             store.log_metrics(result.run_id, {metric: score}, cfg.epochs, uri)
             ray.tune.report({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))} | {metric: score})
 

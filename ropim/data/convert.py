@@ -41,6 +41,7 @@ from ropim.data.destination import (
     META_KEY,
     check_destination,
     claim_destination,
+    guarded,
     kept_shard,
     remove_if_empty,
     write_whole,
@@ -124,14 +125,15 @@ def convert(cfg: DataConfig, dst: str, shard_size: int = 1000, *, shuffle: bool 
         raise ConfigError(f"convert destination {dst!r} is a file; give a folder")
     created = fs.get_file_info(root).type == pafs.FileType.NotFound
     fs.create_dir(root, recursive=True)
-    try:
-        report = write_all(src, lists, fs, root, dst, shard_size, shuffle, seed, progress)
-    except BaseException:
-        remove_if_empty(fs, root, created)
-        raise
-    empty = [split for split, n in report.images.items() if not n]
-    if empty:
-        raise none_converted(src, len(lists[empty[0]]), empty[0], report, remove_if_empty(fs, root, created))
+    with guarded(fs, root, dst):  # two conversions into one folder at once would remove each other's files
+        try:
+            report = write_all(src, lists, fs, root, dst, shard_size, shuffle, seed, progress)
+        except BaseException:
+            remove_if_empty(fs, root, created)
+            raise
+        empty = [split for split, n in report.images.items() if not n]
+        if empty:
+            raise none_converted(src, len(lists[empty[0]]), empty[0], report, remove_if_empty(fs, root, created))
     return report
 
 

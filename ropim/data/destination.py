@@ -9,23 +9,55 @@ else in the folder, a shard that cannot be read, or a shard with a row keeps the
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import posixpath
+import socket
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ropim.data.formats.parquet import filesystem
+from ropim.data.formats.parquet import PLAN, filesystem, read_plan
 from ropim.errors import ConfigError
 from ropim.paths import is_uri
 
 log = logging.getLogger("ropim.data")
 META_KEY = b"ropim.shard"  # each shard's own plan, in its schema metadata (written last, on close)
-PLAN = "ropim_convert.json"
 STAGING = ".ropim_staging"
-OWN_FILES = (PLAN, "classes.json", STAGING)  # STAGING: a folder (a shuffled Parquet source's, ropim.data.staging)
+GUARD = ".ropim_convert.lock"  # held by the conversion writing a local destination (``guarded``)
+OWN_FILES = (PLAN, "classes.json", STAGING, GUARD)  # STAGING: a folder (a shuffled Parquet source's: staging)
+
+
+@contextlib.contextmanager
+def guarded(fs: pafs.FileSystem, root: str, dst: str) -> Iterator[None]:
+    """This conversion alone writes the local destination ``root`` meanwhile (``flock`` on its ``GUARD``, which the
+    system releases when the process ends, however; the file is removed as the conversion ends, and one a killed run
+    left is taken over): ConfigError naming the other one writing it now. Remote destinations have no such lock."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        yield
+        return
+    path = posixpath.join(root, GUARD)
+    with open(path, "a+") as guard:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            guard.seek(0)
+            raise ConfigError(f"convert destination {dst!r} is being written by another `ropim data convert` "
+                              f"({guard.read().strip() or 'a process'}) right now: wait for it to end; the same "
+                              "command then reports or finishes it") from None
+        guard.truncate(0)
+        guard.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        guard.flush()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):  # gone with a destination removed as empty
+                os.unlink(path)
 
 
 def check_destination(source: str, dst: str) -> None:
@@ -41,15 +73,6 @@ def check_destination(source: str, dst: str) -> None:
                           "shards back as source images: give a folder outside it")
     if src.startswith(out + "/"):
         raise ConfigError(f"convert destination {dst!r} holds the source {source!r}; give a folder outside it")
-
-
-def read_plan(fs, root: str) -> dict | None:
-    """The plan an earlier conversion recorded in ``root``, or None."""
-    plan_path = posixpath.join(root, PLAN)
-    if fs.get_file_info(plan_path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(plan_path) as f:
-        return json.loads(f.read().decode())
 
 
 def claim_destination(fs, root: str, dst: str, plan: dict) -> None:
@@ -111,7 +134,8 @@ def clear_empty(fs, root: str, dst: str, other_plan: bool) -> bool:
     if not shards and not other_plan:
         return False
     for path in shards + own:
-        fs.delete_file(path)
+        if posixpath.basename(path) != GUARD:  # held by this run
+            fs.delete_file(path)
     log.info(f"convert destination {dst}: removed an earlier conversion there that holds no image ({len(shards)} "
              f"shard{'s' * (len(shards) != 1)} without rows, its plan and classes.json); converting afresh")
     return True

@@ -93,7 +93,7 @@ def check_pairs(src: Source, n: int) -> tuple[int, list[tuple[str, str]]]:
                 bad.append((found.paths[int(i)], str(err)))
                 if src.cfg.on_bad_image == "fail":
                     raise ConfigError(f"{bad[0][0]}: cannot read the pair ({err}); fix or remove it, or give "
-                                      "--data.on_bad_image skip") from None
+                                      "--data.on_bad_image skip (`ropim data`: --on-bad-image skip)") from None
         if len(picked) and len(bad) == len(picked):
             raise none_decode(src.cfg.source, f"the {len(picked)} pairs sampled from the {split} split", bad)
         sampled, skipped = sampled + len(picked), skipped + bad

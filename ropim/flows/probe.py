@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Dataset
 
-from ropim.checks import check_encoder_input
+from ropim.checks import check_encoder_input, check_knn_bank
 from ropim.console import Pace, ensure_logging
 from ropim.data.config import DataConfig
 from ropim.data.datasets import ImageArrayDataset, ImageListDataset, eval_splits
@@ -28,6 +28,7 @@ from ropim.eval.features import extract_features
 from ropim.eval.knn import knn_probe
 from ropim.eval.linear import linear_probe
 from ropim.eval.metrics import confusion_matrix
+from ropim.files import written_whole
 from ropim.flows.config import ProbeConfig
 from ropim.tracking import store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
@@ -55,11 +56,15 @@ def cache_key(state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
     return h.hexdigest()[:20]
 
 
-def probe_splits(ref: EncoderRef, data: DataConfig, img_size: int) -> tuple[Dataset, Dataset]:
+def probe_splits(ref: EncoderRef, data: DataConfig, img_size: int, knn_k: int,
+                 field: str = "knn_k") -> tuple[Dataset, Dataset]:
     """(train, val) under the eval transform, from one listing of the source, after checking the encoder's input
-    (RGB, ``img_size`` a multiple of its patch size); ConfigError when a split holds no image."""
+    (RGB, ``img_size`` a multiple of its patch size); ConfigError when a split holds no image or fewer train images
+    than ``knn_k`` (the option ``field``)."""
     check_encoder_input(ref.uri, ref.config, img_size)
-    return eval_splits(data, img_size)
+    train, val = eval_splits(data, img_size)
+    check_knn_bank(knn_k, len(train), f"the train split of {data.source!r}", field)
+    return train, val
 
 
 def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: DataConfig, img_size: int,
@@ -86,9 +91,8 @@ def cached_features(encoder: nn.Module, state: dict[str, torch.Tensor], data: Da
              f"({n / (time.perf_counter() - t0):.0f} img/s)")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in feats.items()}, str(tmp))
-        tmp.rename(path)
+        with written_whole(path) as tmp:  # two probes of one encoder and data set may write it at once
+            save_file({k: v.contiguous() for k, v in feats.items()}, str(tmp))
     return feats
 
 
@@ -104,7 +108,7 @@ def probe(cfg: ProbeConfig) -> dict[str, object]:
     ref, state = resolve_encoder(cfg.encoder, tracking)
     data = cfg.data.resolved()
     img_size = cfg.img_size or ref.config["img_size"]
-    train_set, val_set = probe_splits(ref, data, img_size)
+    train_set, val_set = probe_splits(ref, data, img_size, cfg.knn_k)
     classes = list(val_set.classes)
     device = gpu_or_cpu(cfg.use_gpu)
     torch.manual_seed(cfg.seed)

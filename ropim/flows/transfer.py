@@ -17,8 +17,9 @@ from pathlib import Path
 from ropim.checks import check_folder
 from ropim.data.sources import one_listing
 from ropim.errors import ConfigError
+from ropim.files import written_whole
 from ropim.flows.config import TransferConfig
-from ropim.flows.probe import probe
+from ropim.flows.probe import probe, probe_splits
 from ropim.tracking import store
 from ropim.tracking.encoders import resolve_encoder
 from ropim.tracking.uri import check_tracking, tracking_uri
@@ -42,8 +43,8 @@ def check_out(out: str) -> None:
 
 
 def preflight(cfg: TransferConfig) -> None:
-    """Check ``--out``, resolve every encoder and check it against every data set (image size, channels) before
-    any run."""
+    """Check ``--out``, resolve every encoder and check it against every data set (image size, channels; a probe's
+    kNN k against each train split) before any run."""
     check_out(cfg.out)
     tracking = tracking_uri()
     check_tracking(tracking)
@@ -52,7 +53,11 @@ def preflight(cfg: TransferConfig) -> None:
     for ref in refs.values():
         for source in cfg.data_list:
             data = dataclasses.replace(template.data, source=source).resolved()
-            eval_split(ref, data, template.img_size or ref.config["img_size"])
+            img_size = template.img_size or ref.config["img_size"]
+            if cfg.mode == "probe":  # its kNN's k fits every train split
+                probe_splits(ref, data, img_size, cfg.probe.knn_k, "probe.knn_k")
+            else:
+                eval_split(ref, data, img_size)
     for encoder, _, cell in cfg.segment_cells():
         cell.check_encoder(refs[encoder].uri, refs[encoder].config)  # the patch size divides the crop
 
@@ -139,12 +144,14 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     files = {"csv": out / "transfer.csv", "md": out / "transfer.md", "json": out / "transfer.json"}
-    with open(files["csv"], "w", newline="") as f:
+    with written_whole(files["csv"]) as tmp, open(tmp, "w", newline="") as f:  # each file whole, never half written
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(body)
-    files["md"].write_text(md)
-    files["json"].write_text(json.dumps({"mode": cfg.mode, "config": asdict(cfg), "rows": rows}, indent=2))
+    for key, text in (("md", md), ("json", json.dumps({"mode": cfg.mode, "config": asdict(cfg), "rows": rows},
+                                                       indent=2))):
+        with written_whole(files[key]) as tmp:
+            tmp.write_text(text)
     print()
     print(md)
     print("written: " + ", ".join(str(p) for p in files.values()), flush=True)

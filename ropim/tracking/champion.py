@@ -49,7 +49,7 @@ def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: st
     except mlflow.exceptions.MlflowException:
         return True, f"no version held {alias!r}"
     if str(holder.version) == str(version):
-        return False, f"v{version} already holds {alias!r}"
+        return True, f"v{version} already holds {alias!r}"
     tags = holder.tags or {}
     if any(tags.get(k) is None for k in SCORE_TAGS):
         return False, f"{alias!r} is v{holder.version}, which has no metric/dataset tags to compare against"

@@ -1,14 +1,16 @@
 """An exclusive lock on a named run's folder, so two jobs never train the same run at once.
 
-``<storage_path>/<name>/.lock`` is created atomically (``O_EXCL`` on a local disk) and holds the owner (host, pid,
-process start time). A lock whose owner is gone — same host, that process no longer alive — is stale and taken
-over (a job killed with ``kill -9`` does not block its own resume). On remote storage (``s3://…``) there is no atomic
-create: the lock is written, read back and kept only if it is still ours, which narrows the race to the storage's
-own write ordering.
+``<storage_path>/<name>/.lock`` holds the owner (host, pid, process start time). On a local disk a job reads and
+takes it holding ``.lock.guard`` (``flock``, which the system releases when the holder dies), and writes it whole (a
+file of its own renamed into place): of jobs starting one run at once, one takes it. A lock whose owner is gone —
+same host, that process no longer alive — is stale and taken over (a job killed with ``kill -9`` does not block its
+own resume). On remote storage (``s3://…``) there is no atomic create: the lock is written, read back and kept only if
+it is still ours, which narrows the race to the storage's own write ordering.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -22,6 +24,7 @@ from ropim.filesystems import filesystem
 from ropim.paths import is_uri
 
 LOCK = ".lock"
+GUARD = ".lock.guard"  # held while a job reads and takes the lock (``fcntl.flock``, local disks)
 
 
 class RunInUse(ConfigError):
@@ -58,18 +61,14 @@ def acquire(storage_path: str, name: str) -> str:
         return acquire_remote(storage_path, name)
     path = Path(storage_path).absolute() / name / LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if held := live_holder(pafs.LocalFileSystem(), str(path)):
-                raise in_use(name, storage_path, held) from None
-            path.unlink(missing_ok=True)  # stale: its owner is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(owner(), f)
-        return str(path)
-    raise RunInUse(f"run_name={name!r}: could not take its lock {path}; is another job starting it right now?")
+    with open(path.with_name(GUARD), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # one job at a time reads and takes it; the system lets go if one dies
+        if held := live_holder(pafs.LocalFileSystem(), str(path)):
+            raise in_use(name, storage_path, held)
+        mine = path.with_name(f"{LOCK}.{os.getpid()}.tmp")
+        mine.write_text(json.dumps(owner()))
+        os.replace(mine, path)  # whole: a reader without the guard (the pre-flight's check) never sees it half-written
+    return str(path)
 
 
 def in_use(name: str, storage_path: str, held: dict) -> RunInUse:

@@ -49,17 +49,19 @@ def register_model(
     requirements: tuple[str, ...] = tuple(ENCODER_REQUIREMENTS),
 ) -> str:
     """Log a timm model (``<kind>.safetensors`` + ``config.json``) as a models-from-code pyfunc on ``run_id``,
-    register a new version of ``name``; return its ``models:/name/version`` URI.
+    register a new version of ``name`` (once: ``run_version``); return its ``models:/name/version`` URI.
 
     ``config`` must hold ``arch`` and ``timm_kwargs`` (what ``timm.create_model`` needs); its scalar
     entries become version tags (lists and ``timm_kwargs`` stay in the JSON only), with ``kind`` (what the card and
     pre-flight go by). ``code_paths``: Python files shipped with the model (importable by ``code`` when it loads),
     ``requirements``: its pip requirements. The signature holds the input and output shapes; no input example is
     stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
-    ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind (``check_registered_kind``); the
-    ``dataset`` tag is the data set as ``ropim.paths.recorded_location`` records it.
-    """
+    ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind; the ``dataset`` tag is the data
+    set as ``ropim.paths.recorded_location`` records it."""
     check_registered_kind(name, kind, uri)  # again at registration: one may have appeared since the pre-flight
+    if (made := run_version(name, run_id, kind, uri)) is not None:  # stopped (or a reply lost) once it was made
+        describe(name, made, uri)
+        return f"models:/{name}/{made}"
     client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
     with tempfile.TemporaryDirectory() as tmp:
         from safetensors.torch import save_file  # torch only when a model is written
@@ -76,9 +78,13 @@ def register_model(
             if not k.startswith("timm_kwargs.") and not isinstance(v, (list, tuple))}
     if "dataset" in tags:
         tags["dataset"] = recorded_location(tags["dataset"])
+
+    def once() -> str:  # a retry on a busy store first looks for the version an attempt made before its reply failed
+        return run_version(name, run_id, kind, uri) or str(mlflow.register_model(
+            info.model_uri, name, tags={**tags, "kind": kind, "run_id": run_id}).version)
+
     with registry_lines_muted():  # the version is created with its tags: never seen without them
-        version = str(retrying(mlflow.register_model)(info.model_uri, name,
-                                                      tags={**tags, "kind": kind, "run_id": run_id}).version)
+        version = retrying(once)()
     describe(name, version, uri)
     return f"models:/{name}/{version}"
 
@@ -86,14 +92,26 @@ def register_model(
 def check_registered_kind(name: str, kind: str, uri: str | None = None) -> None:
     """``MixedKinds`` naming the versions when the registered model ``name`` holds versions whose ``kind`` tag is not
     ``kind``; a model that is not there, has no versions or versions without that tag (the older layout) passes."""
-    quote = '"' if "'" in name else "'"
     held: dict[str, list[str]] = {}
-    for v in sorted(client(uri).search_model_versions(f"name={quote}{name}{quote}"), key=lambda v: int(v.version)):
+    for v in versions(name, uri):
         found = (v.tags or {}).get("kind")
         if found in MODEL_KINDS and found != kind:
             held.setdefault(found, []).append(str(v.version))
     if held:
         raise MixedKinds(name, kind, held)
+
+
+def versions(name: str, uri: str | None = None) -> list:
+    """The registered model ``name``'s versions, oldest first (none when it is not there)."""
+    quote = '"' if "'" in name else "'"
+    return sorted(client(uri).search_model_versions(f"name={quote}{name}{quote}"), key=lambda v: int(v.version))
+
+
+def run_version(name: str, run_id: str, kind: str, uri: str | None = None) -> str | None:
+    """The version of ``name`` that run ``run_id`` registered as a ``kind`` (its tags say so), or None: a run
+    registers its model once, whatever stopped it between the version and the record of it."""
+    made = [v for v in versions(name, uri) if (v.tags or {}).get("run_id") == run_id and v.tags.get("kind") == kind]
+    return str(made[0].version) if made else None
 
 
 @contextlib.contextmanager
@@ -186,6 +204,14 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
     return name, version
 
 
+def run_paths(c: mlflow.MlflowClient, run: mlflow.entities.Run) -> list[str]:
+    """What ``runs:/<run id>/…`` can name: the run's models (MLflow 3 logs each apart from the run's artifacts, under
+    its name) and its top-level artifacts, sorted."""
+    run_id = run.info.run_id
+    models = c.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    return sorted({m.name for m in models} | {f.path for f in c.list_artifacts(run_id)})
+
+
 def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
     """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder)
     or at another kind of model (a registered version's ``kind``, a ``runs:/<id>/<kind>`` path); the local folder
@@ -200,10 +226,14 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     ref = ModelRef.parse(model_uri)
     if ref.run_id:
         try:
-            c.get_run(ref.run_id)
+            run = c.get_run(ref.run_id)
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {ref.run_id!r} at {uri or tracking_uri()}") from None
         logged_as = ref.path.split("/")[0]  # register_model logs each model under its kind
+        held = run_paths(c, run)
+        if logged_as not in held:
+            raise LookupError(f"{kind} {model_uri}: run {ref.run_id} holds no artifact {logged_as!r} (it holds "
+                              f"{', '.join(held) or 'none'}); give runs:/{ref.run_id}/<one of them>")
         found = logged_as if logged_as in MODEL_KINDS else kind
     if found != kind:
         raise wrong_kind(model_uri, kind, found)

@@ -68,6 +68,7 @@ class JobResult:
     model_uri: str | None  # what it registered; None while the run is unfinished or when it registers nothing
     checkpoint_path: str | None  # its latest checkpoint: a folder or a URI
     metrics: dict  # the last epoch's (a run finished earlier: the latest values MLflow holds)
+    earlier: bool = False  # the run had finished in an earlier job: reported, nothing trained or registered now
 
     @contextlib.contextmanager
     def checkpoint_dir(self) -> Iterator[Path]:
@@ -269,4 +270,4 @@ def reported(p: Prepared, mlflow_run: Run) -> JobResult:
                **mlflow_run.meta.get("metrics", {})}
     print(f"[{cfg.kind}] run {cfg.run_name} already finished (MLflow run {mlflow_run.run_id}); {p.job.model} {uri}",
           flush=True)
-    return JobResult(mlflow_run.run_id, cfg.run_name, uri, mlflow_run.meta.get("checkpoint"), metrics)
+    return JobResult(mlflow_run.run_id, cfg.run_name, uri, mlflow_run.meta.get("checkpoint"), metrics, earlier=True)

@@ -32,13 +32,15 @@ class EncoderJob(JobConfig):
         check_location(self.encoder, "encoder")
         super().check_inputs()
 
-    def check_data(self) -> None:
-        """The training split holds a global batch and the val split (every evaluation's) holds images."""
+    def check_data(self) -> int:
+        """The training split holds a global batch and the val split (every evaluation's) holds images; returns the
+        training split's item count."""
         from ropim.data.sources import count_images
 
-        super().check_data()
+        n = super().check_data()
         if not count_images(self.data, "val"):
             raise ConfigError(f"data source={self.data.source!r}: the split holds no images")
+        return n
 
     def pinned(self, uri: str, config: dict, pinned: str):
         """This config checked against the encoder ``uri`` it starts from (``config``: its config.json, ``depth`` the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ropim.checks import COUNT, Range
+from ropim.checks import COUNT, Range, check_knn_bank
 from ropim.train.job import JobConfig, dataset_name
 
 
@@ -25,6 +25,21 @@ class FrozenEvalJob(JobConfig):
     """the kNN bank and the probe's training set: a sample of this many train images (the same at every evaluation
     and in every run on the same data; its scores are named with it: knn_top1@k=20,train=N); None: the whole split.
     At ImageNet size an evaluation beside training (rank 0 alone) extracts 1.28 M images: a sample makes it short"""
+
+    def check_data(self) -> int:
+        """Beyond the job's own checks, ``check_bank``; returns the training split's item count."""
+        n = super().check_data()
+        self.check_bank(n)
+        return n
+
+    def check_bank(self, train_items: int) -> None:
+        """With evaluations, ``knn_k`` is at most the kNN's bank: the train split of ``train_items``, or its
+        ``eval_train_images`` sample."""
+        if self.eval_every:
+            sample = self.eval_train_images is not None and self.eval_train_images < train_items
+            check_knn_bank(self.knn_k, min(train_items, self.eval_train_images or train_items),
+                           f"eval_train_images={self.eval_train_images}" if sample
+                           else f"the train split of {self.data.source!r}")
 
     def scores_options(self) -> dict:
         """What this job sets of ``ropim.train.downstream.frozen_scores``' arguments: the data, k, the probe, the

@@ -218,11 +218,12 @@ class JobConfig:
     def check(self) -> None:
         """The job's own rules between fields (none here)."""
 
-    def check_data(self) -> None:
-        """The training split holds a global batch and its first images decode (``check_batch_fits``)."""
+    def check_data(self) -> int:
+        """The training split holds a global batch and its first images decode (``check_batch_fits``); returns its
+        item count."""
         from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
-        check_batch_fits(self.data, {self.BATCH: self.batch})
+        return check_batch_fits(self.data, {self.BATCH: self.batch})
 
     def check_placement(self) -> None:
         """``min_workers`` (elastic) lies in [1, num_workers] and the global batch splits evenly over it too (as over

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -91,6 +92,8 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
     names = sorted(os.listdir(dst))
     assert names == ["classes.json", "ropim_convert.json", "train-00000.parquet"]  # no partial shard or temp file
     assert pq.read_metadata(dst / "train-00000.parquet").num_rows >= 2
+    with pytest.raises(ConfigError, match=r"is an unfinished `ropim data convert` \(1 of its 3 shards written"):
+        DataConfig(str(dst)).validate()  # a job does not take the one shard for the data set
     (dst / ".train-00001.parquet.tmp").write_bytes(b"half a shard from a killed run")
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", real_write)
@@ -294,6 +297,38 @@ def test_a_stopped_conversion_says_its_shards_are_kept_and_the_same_command_fini
     assert err.strip().splitlines()[-1] == ("ropim data convert: stopped by SIGINT; the shards written so far are "
                                             "kept, and the same command writes the rest")
     kept = len(list((tmp_path / "out").glob("*-*.parquet")))
+    inspect = [sys.executable, "-m", "ropim.cli", "data", "inspect", "out"]
+    early = subprocess.run(inspect, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert early.returncode != 0 and early.stderr.strip().splitlines() == [
+        f"ropim data inspect: data source 'out' is an unfinished `ropim data convert` ({kept} of its 180 shards "
+        f"written, train-{kept:05d}.parquet not yet): run the same convert command again to finish it (it writes the "
+        "missing shards only)"], early.stderr  # read as it is, it would be a data set of a few images
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"kept {kept}" in done.stdout and kept >= 1
+    assert subprocess.run(inspect, cwd=tmp_path, capture_output=True, timeout=120).returncode == 0
+
+
+def test_a_second_convert_into_a_folder_being_written_is_refused(tmp_path):
+    """Before, the second removed the first's temporary shard (as a killed run's) and both failed to rename theirs
+    (`[Errno 2] Failed to rename`), or removed the folder the other was writing. The first is held here at its guard
+    (the digits convert in seconds, faster than a second process starts)."""
+    import subprocess
+    import sys
+
+    import pyarrow.fs as pafs
+
+    from ropim.data.destination import guarded
+
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "ropim.cli", "data", "convert", "digits", "out", "--shard-size", "10"]
+    with guarded(pafs.LocalFileSystem(), str(tmp_path / "out"), "out"):  # a conversion writing it
+        second = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert second.returncode != 0 and second.stderr.strip().splitlines() == [
+        f"ropim data convert: convert destination '{tmp_path / 'out'}' is being written by another `ropim data "
+        f"convert` (pid {os.getpid()} on {socket.gethostname()}) right now: wait for it to end; the same command "
+        "then reports or finishes it"], second.stderr
+    assert os.listdir(tmp_path / "out") == []  # nothing written by the refused one; the guard gone with the first
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and len(list((tmp_path / "out").glob("train-*.parquet"))) == 180, done.stderr
+    assert ".ropim_convert.lock" not in os.listdir(tmp_path / "out")

@@ -140,7 +140,7 @@ def test_transfer_lists_each_data_source_once_for_every_cell(workdir, encoder, m
     calls, real = [], imagefolder.source
     monkeypatch.setattr(imagefolder, "source", lambda cfg, *a: calls.append(cfg.source) or real(cfg, *a))
     res = transfer(TransferConfig(encoders=f"{uri},{encoder_folder(workdir / 'enc-b', seed=2)}", data="pics",
-                                  mode="probe", probe=ProbeConfig(linear_max_iter=20), out="pics-table"))
+                                  mode="probe", probe=ProbeConfig(linear_max_iter=20, knn_k=5), out="pics-table"))
     assert len(res["rows"]) == 2 and calls == [str(workdir / "pics")]
 
 

@@ -25,7 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group_table
 from ropim.cli import PRESETS as ROPIM_PRESETS
 from ropim.errors import ConfigError
 from ropim.tracking import registry, store
-from ropim.tracking.run_meta import read_run_meta
+from ropim.tracking.run_meta import read_run_meta, write_run_meta
 from tune import report
 from tune.config import SweepConfig
 from tune.driver import run_sweep
@@ -42,6 +42,8 @@ TINY = ["--workers-per-trial", "1", "--cpus-per-worker", "0.5", "--model.depth",
         "--max_steps_per_epoch", "3", "--warmup_epochs", "0", "--log_every", "100", "--viz_every", "0"]
 RHOS = [0.07, 0.14, 0.25, 0.5]
 SWEPT = [0.14, 0.5]
+RHO_ARGV = ["--preset", "rho_ablation", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY, "--epochs", "2",
+            "--base_lr", "0.064", "--name", "rho"]
 
 
 # ------------------------------------------------------------------------------------------- no Ray needed
@@ -73,6 +75,9 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
     assert cfg.pretrain["epochs"] == demo["epochs"]
     assert cfg.pretrain["model"] == {**cfg.pretrain["model"], **demo["model"], "depth": 2}  # preset, then flags
     assert cfg.max_epochs == 8 and cfg.n_trials == 5  # the space's largest epochs choice
+    # ASHA reads the metric in each epoch's report to Tune: evaluations inline, not beside training (MLflow only)
+    assert prepare(cfg).pretrain["eval_async"] is False
+    assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain.get("eval_async", True) is True
 
     from ropim.cli import main as ropim_main
 
@@ -204,9 +209,7 @@ def rho_sweep_run(workdir, ray_session) -> tuple[SweepResult, list[str], str]:
     what it printed."""
     validated, validate, printed = [], SweepConfig.validate, io.StringIO()
     parser = sweep_parser()
-    argv = ["--preset", "rho_ablation", "--space", json.dumps({"rho": {"grid": SWEPT}}), *TINY, "--epochs", "2",
-            "--base_lr", "0.064", "--name", "rho"]
-    ns = parser.instantiate(parser.parse_args(argv))
+    ns = parser.instantiate(parser.parse_args(RHO_ARGV))
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
         mp.setattr(SweepConfig, "validate", lambda self: validated.append(self.name) or validate(self))
         result = run_sweep_command(ns)
@@ -251,6 +254,26 @@ def test_rho_grid_sweep_tracks_reports_and_registers(rho_sweep, rho_sweep_run):
     assert registry.resolve_version(f"models:/{name}@champion") == (name, version)
     assert r.champion["champion"] == (True, "no version held 'champion'")
     assert registry.resolve_version(f"models:/{name}@champion-vit_t8-32") == (name, version)  # digits_demo's shape
+
+
+def test_a_sweep_continued_after_it_registered_registers_nothing_again(rho_sweep, workdir):
+    """Killed between registering its best encoder and recording that (``ray job stop``'s SIGKILL, a second Ctrl+C):
+    its parent run RUNNING, its record without the outcome. The same command again finds the version it made and
+    the aliases that version holds."""
+    name, version = registry.resolve_version(rho_sweep.encoder_uri)
+    made = [str(v.version) for v in registry.versions(name)]
+    meta = read_run_meta("ray_results", "rho")
+    store.client().update_run(rho_sweep.parent_run_id, status="RUNNING")
+    write_run_meta("ray_results", "rho", {k: v for k, v in meta.items()
+                                          if k not in ("finished", "best", "encoder_uri", "champion")})
+
+    again = run_sweep_command(sweep_parser().instantiate(sweep_parser().parse_args(RHO_ARGV)))
+    assert again.encoder_uri == rho_sweep.encoder_uri
+    assert [str(v.version) for v in registry.versions(name)] == made
+    assert again.champion["champion"] == (True, f"v{version} already holds 'champion'")
+    assert registry.resolve_version(f"models:/{name}@champion") == (name, version)
+    assert store.client().get_run(rho_sweep.parent_run_id).info.status == "FINISHED"
+    assert read_run_meta("ray_results", "rho")["finished"]
 
 
 def test_placement_groups_of_stopped_trials_are_freed(ray_session, tmp_path):
@@ -330,17 +353,19 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
 def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir, segment_sweep_job):
     """--metric finetune_top1: each trial fine-tunes its own encoder (the sweep's recipe, the trial's data and seed)
     after its last epoch; the row, the child run and the registered version carry that score, kNN is reported beside
-    it. One trial (a grid of one rho, seed 3): how trials are compared and registered is the rho sweep's test. The
-    segmentation objective's sweep runs meanwhile in another process."""
+    it. One trial (a grid of one rho, seed 4 where the sweep's base is 3: before, every trial fine-tuned on the base's
+    seed): how trials are compared and registered is the rho sweep's test. The segmentation objective's sweep runs
+    meanwhile in another process."""
     with pytest.raises(Exception, match="ASHA has no intermediate values"):
         prepare(config_from_args(["--metric", "finetune_top1", "--scheduler", "asha", "--eval_every", "1", *TINY]))
-    cfg = config_from_args(["--metric", "finetune_top1", "--space", json.dumps({"rho": {"grid": SWEPT[:1]}}), *TINY,
+    space = {"rho": {"grid": SWEPT[:1]}, "seed": {"grid": [4]}}
+    cfg = config_from_args(["--metric", "finetune_top1", "--space", json.dumps(space), *TINY,
                             "--epochs", "1", "--seed", "3", "--base_lr", "0.064", "--finetune.epochs", "1",
                             "--finetune.max_steps_per_epoch", "3", "--name", "ft"])
     assert cfg.finetune["batch_size"] == 32 and cfg.finetune["base_lr"] == 0.02  # the preset's digits recipe
     classifiers = len(store.client().search_model_versions("name = 'ropim-classifier'"))
     r = run_sweep(cfg)
-    assert r.complete and len(r.rows) == 1 and r.rows[0]["seed"] == 3
+    assert r.complete and len(r.rows) == 1 and r.rows[0]["seed"] == 4
     c = store.client()
     for row in r.rows:
         assert 0 < row["finetune_top1"] <= 100 and 0 < row["knn_top1"] <= 100

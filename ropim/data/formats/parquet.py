@@ -36,6 +36,7 @@ NAME = "parquet"
 TASKS = (CLASSIFY, SEGMENT)
 HINT = "give a folder, glob or URI of Parquet shards (`ropim data convert` writes them)"
 COLUMNS = {CLASSIFY: ("image", "label"), SEGMENT: ("image", "mask")}
+PLAN = "ropim_convert.json"  # what ``ropim data convert`` plans to write in its destination (ropim.data.destination)
 
 
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
@@ -69,9 +70,30 @@ def parquet_files(location: str) -> tuple[pafs.FileSystem, list[str]]:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
         files = [i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
                  and not hidden(posixpath.relpath(i.path, path))]
+        check_finished(location, read_plan(fs, path), {posixpath.relpath(f, path) for f in files})
     if not files:
         raise ConfigError(f"data source {location!r}: no Parquet files found; {HINT}")
     return fs, sorted(files)
+
+
+def read_plan(fs: pafs.FileSystem, root: str) -> dict | None:
+    """The plan a conversion recorded in the folder ``root``, or None."""
+    plan_path = posixpath.join(root, PLAN)
+    if fs.get_file_info(plan_path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(plan_path) as f:
+        return json.loads(f.read().decode())
+
+
+def check_finished(location: str, plan: dict | None, files: set[str]) -> None:
+    """A conversion's destination holds every shard its plan names: one stopped, or still running, would be read
+    as a smaller data set (a source's own val split missing: val cut from train). ConfigError otherwise."""
+    missing = sorted(set((plan or {}).get("shards", {})) - files)
+    if missing:
+        planned = len(plan["shards"])
+        raise ConfigError(f"data source {location!r} is an unfinished `ropim data convert` ({planned - len(missing)} "
+                          f"of its {planned} shards written, {missing[0]} not yet): run the same convert command "
+                          "again to finish it (it writes the missing shards only)")
 
 
 def split_of(file: str) -> str | None:

@@ -36,7 +36,7 @@ class PretrainConfig(FrozenEvalJob):
     """max gradient norm (the paper's 5.0); None = no clipping"""
     precision: str = "auto"
     """auto (bf16 on native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16 (GPU); bf16 pretraining kept the demo's
-    scores over 3 seeds (bench/demo_precision.py) at 1.94x the fp32 step (bench/cpu_step.py)"""
+    scores over 3 seeds (bench/demo_precision.py) at 1.2-1.7x the fp32 step (bench/cpu_step.py, docs/speed.md)"""
     ingest: str = "torch"
     """torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded"""
     eval_async: bool = True
