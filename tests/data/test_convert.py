@@ -300,9 +300,9 @@ def test_a_stopped_conversion_says_its_shards_are_kept_and_the_same_command_fini
     inspect = [sys.executable, "-m", "ropim.cli", "data", "inspect", "out"]
     early = subprocess.run(inspect, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert early.returncode != 0 and early.stderr.strip().splitlines() == [
-        f"ropim data inspect: data source 'out' is an unfinished `ropim data convert` ({kept} of its 180 shards "
-        f"written, train-{kept:05d}.parquet not yet): run the same convert command again to finish it (it writes the "
-        "missing shards only)"], early.stderr  # read as it is, it would be a data set of a few images
+        f"ropim data inspect: data source '{tmp_path / 'out'}' is an unfinished `ropim data convert` ({kept} of its "
+        f"180 shards written, train-{kept:05d}.parquet not yet): run the same convert command again to finish it (it "
+        "writes the missing shards only)"], early.stderr  # read as it is, it would be a data set of a few images
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"kept {kept}" in done.stdout and kept >= 1
