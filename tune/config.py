@@ -58,6 +58,9 @@ class SweepConfig:
     """None: as many as the cluster's CPUs (GPUs) fit"""
     search_seed: int = 0
     """TPE sampler seed"""
+    startup_trials: int | None = None
+    """TPE: trials drawn at random before TPE models the scores (Optuna's n_startup_trials); None: half of
+    num_samples, at most Optuna's 10 (with its 10, a sweep of 10 trials or fewer would be a random search)"""
     name: str | None = None
     """the sweep's folder under storage_path and its MLflow parent run name"""
     storage_path: str = "ray_results"
@@ -91,6 +94,11 @@ class SweepConfig:
         return self.num_samples * (n_grid_points(self.space) if self.search == "grid" else 1)
 
     @property
+    def n_startup(self) -> int:
+        """TPE: the trials drawn at random before TPE models the scores."""
+        return self.startup_trials if self.startup_trials is not None else max(1, min(10, self.num_samples // 2))
+
+    @property
     def max_epochs(self) -> int:
         return int(max_value(self.space, "epochs", self.pretrain["epochs"]))
 
@@ -98,7 +106,8 @@ class SweepConfig:
         """Raise ConfigError naming the bad field and its fix, before Ray starts."""
         check_fields(self, {"search": OneOf(SEARCHES), "scheduler": OneOf(SCHEDULERS), "metric": OneOf(tuple(METRICS)),
                             "num_samples": COUNT, "max_concurrent": Range(1, integer=True, optional=True),
-                            "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED})
+                            "grace_period": COUNT, "reduction_factor": Range(2, integer=True), "search_seed": SEED,
+                            "startup_trials": Range(0, integer=True, optional=True)})
         check_run_name(self.name, "name")
         check_mlflow_names(self.experiment)
         if self.metric in ONCE and self.scheduler == "asha":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 
+from optuna.samplers import TPESampler
 from ray.tune.search.optuna import OptunaSearch
 
 from ropim.data.sources import listings, one_listing
@@ -49,6 +50,11 @@ class MetricOptunaSearch(OptunaSearch):
             super().on_trial_result(trial_id, result)
 
 
+def tpe_sampler(cfg: SweepConfig) -> TPESampler:
+    """The sweep's TPE sampler: ``cfg.n_startup`` random trials, then TPE, seeded by ``cfg.search_seed``."""
+    return TPESampler(seed=cfg.search_seed, n_startup_trials=cfg.n_startup)
+
+
 def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
     """The Tune experiment of the sweep: restored from its folder when one exists."""
     from ray import tune
@@ -61,7 +67,7 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True)
     search_alg = scheduler = None
     if cfg.search == "tpe":
-        search_alg = MetricOptunaSearch(metric=cfg.metric, mode=cfg.mode, seed=cfg.search_seed,
+        search_alg = MetricOptunaSearch(metric=cfg.metric, mode=cfg.mode, sampler=tpe_sampler(cfg),
                                         study_name=cfg.name, storage=study_storage(cfg))
     if cfg.scheduler == "asha":
         scheduler = ASHAScheduler(time_attr="epoch", metric=cfg.metric, mode=cfg.mode, max_t=cfg.max_epochs,

@@ -97,6 +97,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--max_concurrent", "--max-concurrent", type=int | None, default=None,
                    help="trials at once (default: as many as the cluster's CPUs fit)")
     p.add_argument("--search_seed", "--search-seed", type=int, default=0, help="TPE sampler seed")
+    p.add_argument("--startup_trials", "--startup-trials", type=int | None, default=None,
+                   help="TPE: trials drawn at random before TPE models the scores (default: half of --num-samples, "
+                        "at most 10)")
     p.add_argument("--name", type=str | None, default=None,
                    help="sweep name (folder under --storage-path, parent MLflow run name)")
     p.add_argument("--storage_path", "--storage-path", type=str, default="ray_results",

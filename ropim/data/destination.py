@@ -16,6 +16,7 @@ import logging
 import os
 import posixpath
 import socket
+import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -142,8 +143,8 @@ def clear_empty(fs, root: str, dst: str, other_plan: bool) -> bool:
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
-    """Write a small file under a temporary name, then rename it into place."""
-    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+    """Write a small file under a temporary name of this writer's own, then rename it into place."""
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
     with fs.open_output_stream(tmp) as f:
         f.write(data)
     fs.move(tmp, path)

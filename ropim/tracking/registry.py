@@ -58,8 +58,9 @@ def register_model(
     stored (it would be the full-size image, megabytes of JSON, and MLflow would run the model on it to check it).
     ``MixedKinds`` (nothing logged) when ``name`` holds versions of another kind; the ``dataset`` tag is the data
     set as ``ropim.paths.recorded_location`` records it."""
-    check_registered_kind(name, kind, uri)  # again at registration: one may have appeared since the pre-flight
-    if (made := run_version(name, run_id, kind, uri)) is not None:  # stopped (or a reply lost) once it was made
+    held = versions(name, uri)
+    check_registered_kind(name, kind, held=held)  # again at registration: one may have appeared since the pre-flight
+    if (made := run_version(name, run_id, kind, held=held)) is not None:  # stopped (or a reply lost) once made
         describe(name, made, uri)
         return f"models:/{name}/{made}"
     client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
@@ -89,16 +90,17 @@ def register_model(
     return f"models:/{name}/{version}"
 
 
-def check_registered_kind(name: str, kind: str, uri: str | None = None) -> None:
+def check_registered_kind(name: str, kind: str, uri: str | None = None, *, held: list | None = None) -> None:
     """``MixedKinds`` naming the versions when the registered model ``name`` holds versions whose ``kind`` tag is not
-    ``kind``; a model that is not there, has no versions or versions without that tag (the older layout) passes."""
-    held: dict[str, list[str]] = {}
-    for v in versions(name, uri):
+    ``kind``; a model that is not there, has no versions or versions without that tag (the older layout) passes.
+    ``held``: its ``versions``, when the caller listed them already."""
+    others: dict[str, list[str]] = {}
+    for v in versions(name, uri) if held is None else held:
         found = (v.tags or {}).get("kind")
         if found in MODEL_KINDS and found != kind:
-            held.setdefault(found, []).append(str(v.version))
-    if held:
-        raise MixedKinds(name, kind, held)
+            others.setdefault(found, []).append(str(v.version))
+    if others:
+        raise MixedKinds(name, kind, others)
 
 
 def versions(name: str, uri: str | None = None) -> list:
@@ -107,10 +109,12 @@ def versions(name: str, uri: str | None = None) -> list:
     return sorted(client(uri).search_model_versions(f"name={quote}{name}{quote}"), key=lambda v: int(v.version))
 
 
-def run_version(name: str, run_id: str, kind: str, uri: str | None = None) -> str | None:
+def run_version(name: str, run_id: str, kind: str, uri: str | None = None, *, held: list | None = None) -> str | None:
     """The version of ``name`` that run ``run_id`` registered as a ``kind`` (its tags say so), or None: a run
-    registers its model once, whatever stopped it between the version and the record of it."""
-    made = [v for v in versions(name, uri) if (v.tags or {}).get("run_id") == run_id and v.tags.get("kind") == kind]
+    registers its model once, whatever stopped it between the version and the record of it. ``held``: as for
+    ``check_registered_kind``."""
+    made = [v for v in (versions(name, uri) if held is None else held)
+            if (v.tags or {}).get("run_id") == run_id and v.tags.get("kind") == kind]
     return str(made[0].version) if made else None
 
 
