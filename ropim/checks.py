@@ -198,6 +198,20 @@ def check_local_resources(num_workers: int, cpus_per_worker: float, use_gpu: boo
                           "--wait_for_resources true to wait for a cluster to grow")
 
 
+def waiting_note(num_workers: int, cpus_per_worker: float, use_gpu: bool, cpus: float, gpus: float,
+                 cluster: str) -> str | None:
+    """One line when the workers (a GPU each with ``use_gpu``) do not fit the ``cpus`` / ``gpus`` of the joined
+    ``cluster`` as it is now: Ray Train waits for nodes without a word (an autoscaler adds them; a fixed cluster
+    never does)."""
+    short = [f"{need:g} {what} ({have:g} now)" for need, have, what in
+             ((num_workers * cpus_per_worker, cpus, "CPUs"), (num_workers if use_gpu else 0, gpus, "GPUs"))
+             if need > have]
+    if not short:
+        return None
+    return (f"{num_workers} workers need {' and '.join(short)} of {cluster}: waiting for nodes to join (an autoscaler "
+            "adds them); on a cluster that does not grow, stop (Ctrl+C) and lower --num_workers or --cpus_per_worker")
+
+
 def local_cpus() -> int | None:
     """The CPUs of the Ray cluster ``ray.init()`` will start on this machine, or None when the job joins one instead
     (RAY_ADDRESS, or a Ray already up in this process): known before Ray starts, as ``check_local_resources`` uses

@@ -9,7 +9,7 @@ import typing
 
 import pytest
 
-from ropim.checks import check_data_cpus, data_cpu_share
+from ropim.checks import check_data_cpus, data_cpu_share, waiting_note
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.errors import ConfigError
@@ -68,3 +68,11 @@ def test_named_choices_of_the_jobs_and_the_model_are_one_error_each():
             dataclasses.replace(ModelConfig(), **{name: "x"}).validate()
     with pytest.raises(ConfigError, match=re.escape("metric='loss': must be one of knn_top1")):
         SweepConfig(metric="loss", pretrain={"epochs": 1}).validate()
+
+
+def test_workers_beyond_the_joined_cluster_as_it_is_now_are_named_once():
+    assert waiting_note(4, 2.0, True, 16, 4, "c") is None  # they fit: no line
+    note = waiting_note(8, 2.0, True, 16, 4, "the Ray cluster at h:6379")
+    assert note.startswith("8 workers need 8 GPUs (4 now) of the Ray cluster at h:6379: waiting for nodes")
+    assert "16 CPUs" not in note and "--num_workers" in note  # the CPUs fit; the fix named
+    assert waiting_note(2, 1.0, False, 1, 0, "c").startswith("2 workers need 2 CPUs (1 now) of c")  # no GPU asked

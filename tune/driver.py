@@ -14,6 +14,7 @@ import os
 from optuna.samplers import TPESampler
 from ray.tune.search.optuna import OptunaSearch
 
+from ropim.checks import waiting_note
 from ropim.data.sources import listings, one_listing
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
@@ -129,9 +130,12 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     # Set in this process only, once Ray is up: Ray's workers keep their own.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
-    p = cfg.pretrain
-    concurrency = cfg.max_concurrent or default_concurrency(ray.cluster_resources(), p["num_workers"],
-                                                            p["cpus_per_worker"], p["use_gpu"])
+    p, total = cfg.pretrain, ray.cluster_resources()
+    concurrency = cfg.max_concurrent or default_concurrency(total, p["num_workers"], p["cpus_per_worker"], p["use_gpu"])
+    if note := waiting_note(p["num_workers"], p["cpus_per_worker"], p["use_gpu"], total.get("CPU", 0.0),
+                            total.get("GPU", 0.0), "the Ray cluster"):  # trials wait for nodes; say so, and the cost
+        print(f"[sweep] a trial's {note}" + ("" if cfg.max_concurrent else "; trials then run one at a time, as "
+                                             "counted now: give --max-concurrent N to run N at once"), flush=True)
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
            "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
            "metric": cfg.metric, "recipes": cfg,  # each trial's fine-tune / segmentation from it

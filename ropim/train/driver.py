@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ropim.checks import waiting_note
 from ropim.console import ensure_logging
 from ropim.data.sources import one_listing
 from ropim.errors import ConfigError, JobFailed, first_line
@@ -97,7 +98,10 @@ def run(job: JobConfig | Prepared, *, worker_fn: WorkerFn = worker_main, registe
     with contextlib.ExitStack() as ray_up:
         ray_up.enter_context(ray_session(needed=cfg.num_workers > 0, paths=worker_paths(cfg)))
         if cfg.num_workers > 0:  # a cluster joined by address, seen once connected: refused before the run opens
-            cfg.check_cluster(*cluster_resources())
+            cpus, gpus, cluster = cluster_resources()
+            cfg.check_cluster(cpus, gpus, cluster)
+            if note := waiting_note(cfg.num_workers, cfg.cpus_per_worker, cfg.use_gpu, cpus, gpus, cluster):
+                print(f"[{cfg.kind}] {note}", flush=True)
         with open_run(name=cfg.run_name, storage_path=cfg.storage_path, config=cfg.to_dict(), uri=p.tracking,
                       **options) as mlflow_run:
             if mlflow_run.finished:
