@@ -2,13 +2,16 @@
 paper's transfer tables (Flowers102 / CUB-200 / CIFAR-10 / CIFAR-100), and the same segmentation of every encoder on
 every ``segment_data`` source (an mIoU column each, as the paper's Table 3 beside them). Each cell is its own MLflow
 run (tagged with the encoder version, which also gets its ``downstream.<dataset>.…`` tag); the table is printed and
-saved as ``transfer.csv``, ``transfer.md`` and ``transfer.json`` in ``out``.
+saved as ``transfer.csv``, ``transfer.md`` and ``transfer.json`` in ``out``. A fine-tune or segmentation cell's
+run is named for what it computes (``named``): the same command again, after a stop, reports the finished cells and
+continues the stopped one from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -21,15 +24,18 @@ from ropim.files import written_whole
 from ropim.flows.config import TransferConfig
 from ropim.flows.probe import probe, probe_splits
 from ropim.tracking import store
-from ropim.tracking.encoders import resolve_encoder
+from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.uri import check_tracking, tracking_uri
 from ropim.train.downstream import eval_split
-from ropim.train.driver import run
+from ropim.train.driver import JobResult, run
 from ropim.train.finetune.config import FinetuneConfig
 from ropim.train.job import dataset_name
 from ropim.train.runtime import ray_session
+from ropim.train.segment.config import SegmentConfig
 
 RESULTS = ("transfer.csv", "transfer.md", "transfer.json")  # written in ``out`` once every cell has run
+# what a stopped cell's run says continues it: its run name is the cell's (``named``)
+CONTINUE = "the same ropim transfer command (finished cells are reported, not trained again)"
 
 
 def check_out(out: str) -> None:
@@ -42,9 +48,9 @@ def check_out(out: str) -> None:
                           "give another --out")
 
 
-def preflight(cfg: TransferConfig) -> None:
+def preflight(cfg: TransferConfig) -> dict[str, EncoderRef]:
     """Check ``--out``, resolve every encoder and check it against every data set (image size, channels; a probe's
-    kNN k against each train split) before any run."""
+    kNN k against each train split) before any run; each encoder's reference, by the string given."""
     check_out(cfg.out)
     tracking = tracking_uri()
     check_tracking(tracking)
@@ -60,6 +66,22 @@ def preflight(cfg: TransferConfig) -> None:
                 eval_split(ref, data, img_size)
     for encoder, _, cell in cfg.segment_cells():
         cell.check_encoder(refs[encoder].uri, refs[encoder].config)  # the patch size divides the crop
+    return refs
+
+
+def named(cell: FinetuneConfig | SegmentConfig, ref: EncoderRef) -> FinetuneConfig | SegmentConfig:
+    """``cell`` named for what it computes: its job, data set and a digest of its config with the encoder pinned (the
+    fields a continued run may change left out). The same cell of a later transfer continues its stopped run, or
+    reports its finished one, instead of training again; another recipe, seed or encoder version is another cell."""
+    spec = {k: v for k, v in dataclasses.replace(cell, encoder=ref.pinned).resolved().to_dict().items()
+            if k not in (*cell.RESUMABLE, "run_name")}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return dataclasses.replace(cell, run_name=f"transfer-{cell.kind}-{dataset_name(cell.data)[:48]}-{digest}")
+
+
+def cell_result(cell: FinetuneConfig | SegmentConfig, ref: EncoderRef) -> JobResult:
+    """Run (continue, or report) a fine-tune or segmentation cell under its ``named`` run."""
+    return run(named(cell, ref), run_options={"resume": CONTINUE})
 
 
 def encoder_label(run_id: str, encoder: str) -> str:
@@ -69,18 +91,12 @@ def encoder_label(run_id: str, encoder: str) -> str:
         else encoder
 
 
-def finetune_cell(cell: FinetuneConfig) -> dict:
-    """A fine-tune cell's final metrics and MLflow run id, as ``probe`` gives a probe cell's."""
-    result = run(cell)
-    return {**result.metrics, "run_id": result.run_id}
-
-
-def segment_rows(cfg: TransferConfig) -> list[dict]:
+def segment_rows(cfg: TransferConfig, refs: dict[str, EncoderRef]) -> list[dict]:
     """Every segmentation cell: mIoU and pixel accuracy on its val split."""
     rows = []
     for encoder, source, cell in cfg.segment_cells():
         t0 = time.perf_counter()
-        res = run(cell)
+        res = cell_result(cell, refs[encoder])
         rows.append({"encoder": encoder, "encoder_label": encoder_label(res.run_id, encoder), "data": source,
                      "dataset": dataset_name(cell.data), "task": "segment", "miou": res.metrics["miou"],
                      "pixel_acc": res.metrics["pixel_acc"], "run_id": res.run_id,
@@ -110,13 +126,17 @@ def format_markdown(header: list[str], body: list[list[str]]) -> str:
 def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
     cfg = cfg.resolved().validate()
-    preflight(cfg)
+    refs = preflight(cfg)
     rows = []
     ray = (cfg.mode == "finetune" and cfg.finetune.num_workers > 0) or (cfg.segment_list and cfg.segment.num_workers)
     with ray_session(needed=bool(ray)):  # one for every cell
         for encoder, source, cell in cfg.cells():
             t0 = time.perf_counter()
-            res = finetune_cell(cell) if cfg.mode == "finetune" else probe(cell)
+            if cfg.mode == "finetune":
+                result = cell_result(cell, refs[encoder])
+                res = {**result.metrics, "run_id": result.run_id}
+            else:
+                res = probe(cell)
             label = encoder_label(res["run_id"], encoder)
             row = {"encoder": encoder, "encoder_label": label, "data": source, "dataset": dataset_name(cell.data),
                    "top1": res["top1"], "top5": res["top5"], "run_id": res["run_id"],
@@ -124,7 +144,7 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
             if cfg.mode == "probe":
                 row |= {"knn_top1": res["knn"]["top1"], "knn_top5": res["knn"]["top5"]}
             rows.append(row)
-        seg_rows = segment_rows(cfg)
+        seg_rows = segment_rows(cfg, refs)
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     seg_sets = list(dict.fromkeys(r["dataset"] for r in seg_rows))

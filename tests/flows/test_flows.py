@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from PIL import Image
-from support import encoder_folder, register_tiny_encoder
+from support import encoder_folder, register_tiny_encoder, tiny_finetune
 
 from ropim.console import Pace
 from ropim.data.config import DataConfig, SegDataConfig
@@ -181,3 +181,18 @@ def test_transfer_checks_out_before_any_cell(workdir, encoder, monkeypatch):
     with pytest.raises(ConfigError, match="--out .*new/table': the folder cannot be created in .* not writable"):
         transfer(TransferConfig(encoders=uri, data="digits", mode="probe", out=str(workdir / "new" / "table")))
     assert cells == [] and not (workdir / "new").exists()
+
+
+def test_transfer_again_reports_its_finished_fine_tunes(workdir, encoder, capsys):
+    """A fine-tune cell's run is named for what it computes: the same transfer again (after a stop, or to add a data
+    set) trains nothing it finished; another seed is another cell."""
+    uri, _ = encoder
+    cfg = TransferConfig(encoders=uri, data="digits", mode="finetune", out="again",
+                         finetune=tiny_finetune("", epochs=1, num_workers=0, registered_model=""))
+    first = transfer(cfg)["rows"][0]
+    assert "already finished" not in capsys.readouterr().out
+    again = transfer(cfg)["rows"][0]
+    assert "already finished" in capsys.readouterr().out
+    assert (again["run_id"], again["top1"]) == (first["run_id"], first["top1"])
+    other = transfer(replace(cfg, finetune=replace(cfg.finetune, seed=cfg.finetune.seed + 1)))["rows"][0]
+    assert other["run_id"] != first["run_id"] and "already finished" not in capsys.readouterr().out
