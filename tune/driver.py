@@ -14,7 +14,7 @@ import os
 from optuna.samplers import TPESampler
 from ray.tune.search.optuna import OptunaSearch
 
-from ropim.checks import waiting_note
+from ropim.checks import DATA_CPUS, waiting_note
 from ropim.data.sources import listings, one_listing
 from ropim.tracking.runs import Run, open_run
 from ropim.tracking.uri import check_tracking, tracking_uri
@@ -22,7 +22,7 @@ from ropim.train.runtime import ray_session, worker_cause
 from tune.config import SweepConfig
 from tune.data_stop import StopAtDataError, TrialDataError, sweep_stopped
 from tune.outcome import SweepResult, end_unfinished_trials, finish
-from tune.preflight import prepare
+from tune.preflight import check_trials_data_cpus, prepare
 from tune.progress import SweepProgress
 from tune.resources import ReleaseEndedTrials, release_all
 from tune.spaces import grid_seeds, to_tune
@@ -35,9 +35,12 @@ DRIVER_RESOURCES = {"CPU": 0, "memory": 100 * 1024**2}  # the trial's driver; it
 CHANGEABLE = ("register", "pretrain.registered_model")
 
 
-def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool) -> int:
-    """How many trials' worker groups fit the cluster at once (at least 1)."""
-    fits = math.floor(cluster.get("CPU", 1) / max(num_workers * cpus_per_worker, 1e-9))
+def default_concurrency(cluster: dict, num_workers: int, cpus_per_worker: float, use_gpu: bool,
+                        ingest: str = "torch") -> int:
+    """How many trials' worker groups fit the cluster at once (at least 1); with ``ingest`` ray_data each trial also
+    leaves its Ray Data tasks ``DATA_CPUS``: trials whose workers held every CPU would read no data."""
+    per_trial = num_workers * cpus_per_worker + (DATA_CPUS if ingest == "ray_data" else 0)
+    fits = math.floor(cluster.get("CPU", 1) / max(per_trial, 1e-9))
     if use_gpu:
         fits = min(fits, math.floor(cluster.get("GPU", 0) / num_workers))
     return max(1, fits)
@@ -131,7 +134,9 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     p, total = cfg.pretrain, ray.cluster_resources()
-    concurrency = cfg.max_concurrent or default_concurrency(total, p["num_workers"], p["cpus_per_worker"], p["use_gpu"])
+    check_trials_data_cpus(cfg, total.get("CPU", 0.0), "the Ray cluster")
+    concurrency = cfg.max_concurrent or default_concurrency(total, p["num_workers"], p["cpus_per_worker"], p["use_gpu"],
+                                                            p["ingest"])
     if note := waiting_note(p["num_workers"], p["cpus_per_worker"], p["use_gpu"], total.get("CPU", 0.0),
                             total.get("GPU", 0.0), "the Ray cluster"):  # trials wait for nodes; say so, and the cost
         print(f"[sweep] a trial's {note}" + ("" if cfg.max_concurrent else "; trials then run one at a time, as "

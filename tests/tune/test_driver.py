@@ -1,10 +1,16 @@
-"""The sweep's TPE sampler (``tune.driver.tpe_sampler``): a short sweep is not a random search."""
+"""How a sweep runs its trials: the TPE sampler (a short sweep is not a random search) and how many trials run at
+once (each reading its data)."""
 
 from __future__ import annotations
 
-import optuna
+from dataclasses import replace
 
-from tune.driver import tpe_sampler
+import optuna
+import pytest
+
+from ropim.errors import ConfigError
+from tune.driver import default_concurrency, tpe_sampler
+from tune.preflight import check_trials_data_cpus
 from tune.sweep import config_from_args
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -33,3 +39,19 @@ def test_startup_trials_given_on_the_command_line_are_kept():
     cfg = config_from_args(["--preset", "tpe", "--num-samples", "40", "--startup-trials", "6", "--search-seed", "3"])
     assert random_prefix(tpe_sampler(cfg), 3, trials=10) == 6
     assert config_from_args(["--preset", "tpe", "--num-samples", "40"]).n_startup == 10  # Optuna's own, at most
+
+
+def test_trials_reading_through_ray_data_leave_their_tasks_a_cpu():
+    assert default_concurrency({"CPU": 16}, 2, 1.0, False) == 8
+    assert default_concurrency({"CPU": 16}, 2, 1.0, False, "ray_data") == 5  # 3 CPUs a trial: workers and its tasks
+    assert default_concurrency({"CPU": 16, "GPU": 2}, 2, 1.0, True, "ray_data") == 1
+
+
+def test_a_given_concurrency_that_holds_every_cpu_for_ray_data_is_refused():
+    cfg = config_from_args(["--ingest", "ray_data", "--max-concurrent", "4", "--workers-per-trial", "2"])
+    with pytest.raises(ConfigError, match=r"max_concurrent=4 trials × 2 workers × 1 CPUs hold 8 of the 8 CPUs of c, "
+                                          r"leaving Ray Data's read tasks 0 .* use --max-concurrent 3, "):
+        check_trials_data_cpus(cfg, 8, "c")
+    check_trials_data_cpus(cfg, 9, "c")  # one CPU left: the trials' tasks share it
+    check_trials_data_cpus(cfg, 6, "c")  # not all fit now: they wait for nodes, judged as they join
+    check_trials_data_cpus(replace(cfg, max_concurrent=None), 8, "c")  # the default leaves each trial a CPU
