@@ -26,6 +26,14 @@ def scores(tags: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def stored_lineage(run_id: str | None, tags: dict[str, str]) -> dict[str, list[str]]:
+    """The lineage a version's stored card shows, from its run and tags alone: the run, the sweep, a second stage's
+    first, a classifier's or segmenter's encoder."""
+    lineage = {"run": [run_id] if run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else [],
+               **first_stage(tags)}
+    return lineage | ({"encoder": [tags["encoder_uri"]]} if tags.get("encoder_uri") else {})
+
+
 def first_stage(tags: dict[str, str]) -> dict[str, list[str]]:
     """The lineage entry of a second-stage encoder (tag ``stage``, e.g. ``lgp``): the encoder version it started
     from and the run that trained that one; {} for a first-stage encoder."""

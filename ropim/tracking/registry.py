@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,10 +21,10 @@ from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
 from ropim.paths import recorded_location
-from ropim.tracking.cards import card, first_stage, kind_of
+from ropim.tracking.cards import card, kind_of, stored_lineage
 from ropim.tracking.model_folder import MODEL_KINDS, MixedKinds, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
-from ropim.tracking.store import client, flatten, retrying, tracking_uri
+from ropim.tracking.store import client, flatten, log_pyfunc, retrying, tracking_uri
 from ropim.tracking.uri import ModelRef, check_model_in_store
 
 if TYPE_CHECKING:
@@ -131,14 +130,6 @@ def registry_lines_muted() -> Iterator[None]:
         MLFLOW_LOGGING_STREAM.enabled = was
 
 
-def log_pyfunc(run_id: str, **kwargs):
-    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``, without MLflow's warning that no input example was
-    given (``register_model`` says why)."""
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
-        return mlflow.pyfunc.log_model(**kwargs)
-
-
 def tag_scores(name: str, version: str, scores: dict[str, float | str], uri: str | None = None) -> None:
     """Tag version ``version`` of ``name`` with ``scores`` (``{tag: value}``, e.g. ``downstream.digits.top1``; a
     number as ``%.2f``) and rewrite its card."""
@@ -150,15 +141,18 @@ def tag_scores(name: str, version: str, scores: dict[str, float | str], uri: str
 
 def describe(name: str, version: str, uri: str | None = None) -> None:
     """(Re)write the version's model card (``ropim.tracking.cards``) as its MLflow description, from its tags (the
-    config's scalars, scores); called when it is registered and when a score is added."""
+    config's scalars, scores); called when it is registered and when a score is added. Written again while its tags
+    change under it: of two jobs scoring one version at once, the one writing last would otherwise leave a card
+    without the other's score."""
     c = client(uri)
     mv = c.get_model_version(name, version)
-    tags = mv.tags or {}
-    lineage = {"run": [mv.run_id] if mv.run_id else [], "sweep": [tags["sweep"]] if tags.get("sweep") else [],
-               **first_stage(tags)}
-    if tags.get("encoder_uri"):  # a classifier's or segmenter's encoder
-        lineage["encoder"] = [tags["encoder_uri"]]
-    c.update_model_version(name, version, description=card(name, version, tags, tags, lineage))
+    for _ in range(5):  # each writer of a tag writes the card after it too: this converges
+        tags = mv.tags or {}
+        c.update_model_version(name, version, description=card(name, version, tags, tags,
+                                                                stored_lineage(mv.run_id, tags)))
+        mv = c.get_model_version(name, version)
+        if (mv.tags or {}) == tags:
+            return
 
 
 def signature(config: dict) -> ModelSignature:

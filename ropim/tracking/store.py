@@ -14,6 +14,7 @@ import os
 import random
 import time
 import urllib.parse
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,6 +186,14 @@ def log_artifact(run_id: str, local_path: str | Path, artifact_path: str | None 
                  uri: str | None = None) -> None:
     """Upload a local file as a run artifact (under ``artifact_path``)."""
     client(uri).log_artifact(run_id, str(local_path), artifact_path)
+
+
+def log_pyfunc(run_id: str, **kwargs):
+    """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``, without MLflow's warning that no input example was
+    given (``ropim.tracking.registry.register_model`` says why)."""
+    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+        return mlflow.pyfunc.log_model(**kwargs)
 
 
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:

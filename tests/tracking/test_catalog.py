@@ -148,3 +148,22 @@ def test_a_versions_own_last_epoch_scores_are_tagged_with_their_protocol_and_car
     assert PretrainConfig().version_scores({"loss": 0.5}) == {}  # no evaluation at the last epoch: no score
     assert scores(tags) == {"knn_top1 on digits, its last epoch": "57.94 (k=10,train=40)",
                             "linear_top1 on digits, its last epoch": "61.00 (train=40)"}
+
+
+def test_a_score_added_while_the_card_is_written_reaches_the_card(two_versions, monkeypatch):
+    """Two jobs scoring one version at once: the one writing the card last read the tags before the other's score."""
+    real = store.client()
+
+    class Concurrent:  # another job tags the version between this writer's read of the tags and its write
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def update_model_version(self, name, version, description):
+            if "downstream.pics.top1" not in (real.get_model_version(name, version).tags or {}):
+                real.set_model_version_tag(name, version, "downstream.pics.top1", "71.25")
+            return real.update_model_version(name, version, description=description)
+
+    monkeypatch.setattr(registry, "client", lambda uri=None: Concurrent())
+    registry.tag_scores("ropim-encoder", "1", {"downstream.digits.knn_top1": 88.0})
+    description = real.get_model_version("ropim-encoder", "1").description
+    assert "71.25" in description and "88.00" in description, description
