@@ -24,7 +24,7 @@ from ropim.paths import recorded_location
 from ropim.tracking.cards import card, kind_of, stored_lineage
 from ropim.tracking.model_folder import MODEL_KINDS, MixedKinds, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
-from ropim.tracking.store import client, flatten, log_pyfunc, retrying, tracking_uri
+from ropim.tracking.store import client, flatten, log_pyfunc, logged_model, retrying, run_paths, tracking_uri
 from ropim.tracking.uri import ModelRef, check_model_in_store
 
 if TYPE_CHECKING:
@@ -63,17 +63,8 @@ def register_model(
         describe(name, made, uri)
         return f"models:/{name}/{made}"
     client(uri)  # ``uri`` made the process-wide store that mlflow.pyfunc.log_model and mlflow.register_model use
-    with tempfile.TemporaryDirectory() as tmp:
-        from safetensors.torch import save_file  # torch only when a model is written
-
-        weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
-        cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
-        info = retrying(log_pyfunc)(run_id, name=kind, python_model=str(code),
-                                    artifacts={"weights": str(weights), "config": str(cfg_file)},
-                                    pip_requirements=list(requirements),
-                                    code_paths=[str(p) for p in code_paths] or None,
-                                    signature=signature(config))
+    model_uri = (logged_model(run_id, kind, uri)  # logged by an attempt stopped before it registered
+                 or log_files(run_id, state, config, kind, code, code_paths, requirements))
     tags = {k: str(v) for k, v in flatten(config).items()
             if not k.startswith("timm_kwargs.") and not isinstance(v, (list, tuple))}
     if "dataset" in tags:
@@ -81,12 +72,28 @@ def register_model(
 
     def once() -> str:  # a retry on a busy store first looks for the version an attempt made before its reply failed
         return run_version(name, run_id, kind, uri) or str(mlflow.register_model(
-            info.model_uri, name, tags={**tags, "kind": kind, "run_id": run_id}).version)
+            model_uri, name, tags={**tags, "kind": kind, "run_id": run_id}).version)
 
     with registry_lines_muted():  # the version is created with its tags: never seen without them
         version = retrying(once)()
     describe(name, version, uri)
     return f"models:/{name}/{version}"
+
+
+def log_files(run_id: str, state: dict[str, torch.Tensor], config: dict, kind: str, code: Path,
+              code_paths: tuple[Path, ...], requirements: tuple[str, ...]) -> str:
+    """Log ``state`` and ``config`` as the pyfunc ``kind`` of run ``run_id`` (``register_model``); its URI."""
+    with tempfile.TemporaryDirectory() as tmp:
+        from safetensors.torch import save_file  # torch only when a model is written
+
+        weights, cfg_file = Path(tmp) / f"{kind}.safetensors", Path(tmp) / "config.json"
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(weights))
+        cfg_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+        return retrying(log_pyfunc)(run_id, name=kind, python_model=str(code),
+                                    artifacts={"weights": str(weights), "config": str(cfg_file)},
+                                    pip_requirements=list(requirements),
+                                    code_paths=[str(p) for p in code_paths] or None,
+                                    signature=signature(config)).model_uri
 
 
 def check_registered_kind(name: str, kind: str, uri: str | None = None, *, held: list | None = None) -> None:
@@ -202,14 +209,6 @@ def resolve_version(model_uri: str, uri: str | None = None) -> tuple[str, str] |
     return name, version
 
 
-def run_paths(c: mlflow.MlflowClient, run: mlflow.entities.Run) -> list[str]:
-    """What ``runs:/<run id>/…`` can name: the run's models (MLflow 3 logs each apart from the run's artifacts, under
-    its name) and its top-level artifacts, sorted."""
-    run_id = run.info.run_id
-    models = c.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
-    return sorted({m.name for m in models} | {f.path for f in c.list_artifacts(run_id)})
-
-
 def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = None) -> Path | None:
     """One clear error naming ``model_uri`` when it points at nothing (a wrong name, version, alias, run or folder)
     or at another kind of model (a registered version's ``kind``, a ``runs:/<id>/<kind>`` path); the local folder
@@ -228,7 +227,7 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {ref.run_id!r} at {uri or tracking_uri()}") from None
         logged_as = ref.path.split("/")[0]  # register_model logs each model under its kind
-        held = run_paths(c, run)
+        held = run_paths(run)
         if logged_as not in held:
             raise LookupError(f"{kind} {model_uri}: run {ref.run_id} holds no artifact {logged_as!r} (it holds "
                               f"{', '.join(held) or 'none'}); give runs:/{ref.run_id}/<one of them>")
@@ -287,12 +286,3 @@ def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
     model = timm.create_model(config["arch"], pretrained=False, **{**config["timm_kwargs"], **timm_overrides})
     load_weights(model, state, f"encoder {model_uri}", optional=("head.",))
     return model.eval(), config
-
-
-def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
-    """A run's artifact downloaded to a local path, or None when the run has nothing at ``artifact_path``."""
-    client(uri)
-    try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path))
-    except (mlflow.exceptions.MlflowException, OSError):
-        return None

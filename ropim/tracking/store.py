@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import LoggedModelStatus, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
@@ -190,10 +190,28 @@ def log_artifact(run_id: str, local_path: str | Path, artifact_path: str | None 
 
 def log_pyfunc(run_id: str, **kwargs):
     """``mlflow.pyfunc.log_model(**kwargs)`` on run ``run_id``, without MLflow's warning that no input example was
-    given (``ropim.tracking.registry.register_model`` says why)."""
-    with mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
-        return mlflow.pyfunc.log_model(**kwargs)
+    given (``ropim.tracking.registry.register_model`` says why). The run keeps its status (a job's open run RUNNING,
+    a sweep's finished trial FINISHED): MLflow's run context would end a job's run FINISHED before its model is
+    registered, and a stop in between left a finished run that registered nothing, reported as finished by the job
+    that continued it."""
+    status = mlflow.get_run(run_id).info.status
+    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+            return mlflow.pyfunc.log_model(**kwargs)
+    finally:
+        mlflow.end_run(status=status)  # off MLflow's active-run stack, as it was
+
+
+def logged_model(run_id: str, name: str, uri: str | None = None) -> str | None:
+    """The URI of the model ``name`` that run ``run_id`` logged whole (READY), or None: a job stopped after logging it
+    but before registering it logs it once, not again when continued."""
+    c = client(uri)
+    found = [m for m in c.search_logged_models([c.get_run(run_id).info.experiment_id],
+                                               filter_string=f"source_run_id = '{run_id}'")
+             if m.name == name and m.status == LoggedModelStatus.READY]
+    return found[0].model_uri if found else None
 
 
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
@@ -210,3 +228,20 @@ def artifact_files(run_id: str, folder: str, uri: str | None = None) -> list[tup
     local = urllib.parse.unquote(parsed.path) if parsed.scheme in ("", "file") else None
     return [(f.path, str(Path(local) / f.path) if local else None)
             for f in c.list_artifacts(run_id, folder) if not f.is_dir]
+
+
+def run_paths(run: mlflow.entities.Run, uri: str | None = None) -> list[str]:
+    """What ``runs:/<run id>/…`` can name: the run's models (MLflow 3 logs each apart from the run's artifacts, under
+    its name) and its top-level artifacts, sorted."""
+    c, run_id = client(uri), run.info.run_id
+    models = c.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    return sorted({m.name for m in models} | {f.path for f in c.list_artifacts(run_id)})
+
+
+def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
+    """A run's artifact downloaded to a local path, or None when the run has nothing at ``artifact_path``."""
+    client(uri)
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path))
+    except (mlflow.exceptions.MlflowException, OSError):
+        return None

@@ -76,7 +76,7 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     run_id = None
     if version:
         run_id = store.client(uri).get_model_version(*version).tags.get("run_id")
-    local = registry.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else None
+    local = store.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else None
     if local is None:  # no decoder logged on that run: projection columns only
         return cfg, None, config
     from safetensors.torch import load_file

@@ -6,6 +6,7 @@ registering the same weights a second time."""
 from __future__ import annotations
 
 import mlflow
+import pytest
 from support import tiny_pretrain
 
 from ropim.tracking import registry, store
@@ -62,3 +63,26 @@ def test_runs_register_versions_of_their_own(workdir):
     a = run(tiny_pretrain(run_name="own-a", num_workers=0, epochs=1, max_steps_per_epoch=1, registered_model="own"))
     b = run(tiny_pretrain(run_name="own-b", num_workers=0, epochs=1, max_steps_per_epoch=1, registered_model="own"))
     assert (a.model_uri, b.model_uri) == ("models:/own/1", "models:/own/2")
+
+
+def test_a_job_stopped_between_logging_and_registering_logs_its_model_once(workdir, monkeypatch):
+    """A stop after the model was logged to the run, before its version was made: the run is not left FINISHED (it
+    was, and the job continuing it reported it finished with nothing registered), and continuing it registers the
+    model it logged, not a second copy of it."""
+    made = mlflow.register_model
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mlflow, "register_model", stopped)
+    cfg = tiny_pretrain(run_name="logged", num_workers=0, epochs=1, max_steps_per_epoch=1, registered_model="logged")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    run_id, c = read_run_meta("ray_results", "logged")["run_id"], store.client()
+    assert c.get_run(run_id).info.status == "KILLED"  # not ended FINISHED by logging its model: it registered nothing
+    monkeypatch.setattr(mlflow, "register_model", made)
+    result = run(cfg)
+    models = c.search_logged_models([c.get_run(run_id).info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    assert [m.name for m in models] == ["encoder"]
+    assert result.model_uri == "models:/logged/1"
+    assert registry.load_encoder_files(result.model_uri)[1]["arch"]  # the version reads back whole
