@@ -3,7 +3,7 @@
 A spec maps a knob to one distribution::
 
     {"rho": {"grid": [0.07, 0.14, 0.25, 0.5]}}
-    {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [5e-4, 2e-2]}, "epochs": {"choice": [2, 4, 8]}}
+    {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [5e-4, 2e-2]}, "epochs": {"choice": [20, 40]}}
 
 Knobs are dotted PretrainConfig fields (``model.rho``, ``base_lr``, ``epochs``, ``seed``, …); ``rho`` is short
 for ``model.rho``. Specs stay plain data so a sweep's config can be stored, compared on resume and logged.

@@ -74,4 +74,4 @@ def test_space_that_is_not_valid_json_says_so():
         main(["--space", "[1]"])
     assert config_from_args(["--space", '{"rho": {"grid": [0.1, 0.3]}}']).space == {"rho": {"grid": [0.1, 0.3]}}
     assert config_from_args(["--space", "{rho: {grid: [0.1]}}"]).space == {"rho": {"grid": [0.1]}}  # YAML flow too
-    assert config_from_args(["--preset", "tpe"]).space["epochs"] == {"choice": [2, 4, 8]}  # a preset's mapping
+    assert config_from_args(["--preset", "tpe"]).space["rho"] == {"uniform": [0.05, 0.6]}  # a preset's mapping

@@ -72,9 +72,9 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
     assert cfg.pretrain["model"]["depth"] == 2 and cfg.pretrain["num_workers"] == 1
     assert cfg.pretrain["eval_every"] == 1  # the preset's override: ASHA needs intermediate kNN
     demo = yaml.safe_load((ROPIM_PRESETS / "pretrain" / "digits_demo.yaml").read_text())
-    assert cfg.pretrain["epochs"] == demo["epochs"]
+    assert cfg.pretrain["epochs"] == 8 != demo["epochs"]  # the sweep preset's one schedule for every trial
     assert cfg.pretrain["model"] == {**cfg.pretrain["model"], **demo["model"], "depth": 2}  # preset, then flags
-    assert cfg.max_epochs == 8 and cfg.n_trials == 5  # the space's largest epochs choice
+    assert cfg.max_epochs == 8 and cfg.n_trials == 5
     # ASHA reads the metric in each epoch's report to Tune: evaluations inline, not beside training (MLflow only)
     assert prepare(cfg).pretrain["eval_async"] is False
     assert prepare(config_from_args(["--num-samples", "2", *TINY])).pretrain.get("eval_async", True) is True
@@ -90,6 +90,8 @@ def test_cli_builds_config_and_rejects_bad_input_before_ray(workdir, capsys):
         main(["--space", '{"rho": {"grid": [0.07, 1.2]}}', *TINY])
     with pytest.raises(SystemExit, match=r"space knob 'epochs' at 0: epochs=0: must be an integer ≥ 1"):
         main(["--space", '{"epochs": {"choice": [0, 4]}}', "--search", "tpe", *TINY])
+    with pytest.raises(SystemExit, match="space knob 'epochs' with scheduler=asha: ASHA compares trials at the same"):
+        main(["--preset", "tpe", "--space", '{"epochs": {"choice": [2, 4]}}', *TINY])  # long schedules cut half-way
     with pytest.raises(SystemExit, match="scheduler=asha needs"):
         main(["--scheduler", "asha", *TINY])
     with pytest.raises(SystemExit, match="unknown --preset 'nope'"):
@@ -310,9 +312,9 @@ class InterruptAfterFirstTrial(Callback):
 
 @pytest.mark.faults
 def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep, workdir, tmp_path):
-    space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [50.0, 200.0]}, "epochs": {"choice": [1, 2]}}
+    space = {"rho": {"uniform": [0.05, 0.6]}, "base_lr": {"loguniform": [50.0, 200.0]}}
     cfg = config_from_args(["--preset", "tpe", "--num-samples", "2", "--max-concurrent", "1", "--space",
-                               json.dumps(space), *TINY, "--name", "tpe"])
+                               json.dumps(space), *TINY, "--epochs", "2", "--name", "tpe"])
     first = run_sweep(cfg, callbacks=[InterruptAfterFirstTrial(tmp_path)])
     done_first = (tmp_path / "interrupted").read_text()
     assert not first.complete and first.encoder_uri is None
