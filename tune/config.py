@@ -114,10 +114,10 @@ class SweepConfig:
             raise ConfigError(f"metric={self.metric} is measured once, after a trial's last epoch: ASHA has no "
                               "intermediate values to stop on; use --scheduler none")
         if self.scheduler == "asha" and "epochs" in self.space:
-            raise ConfigError("space knob 'epochs' with scheduler=asha: ASHA compares trials at the same epoch, where a "
-                              "short schedule has ended and a long one is still near its peak learning rate, so it "
-                              "would stop the long schedules for being half-way; search epochs with --scheduler none "
-                              "(or fix --epochs)")
+            raise ConfigError("space knob 'epochs' with scheduler=asha: ASHA compares trials at the same epoch, "
+                              "where a short schedule has ended and a long one is still near its peak learning rate, "
+                              "so it would stop the long schedules for being half-way; search epochs with "
+                              "--scheduler none (or fix --epochs)")
         check_location(self.storage_path, "storage_path")
         if self.pretrain.get("num_workers", 1) < 1:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
