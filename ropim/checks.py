@@ -151,6 +151,11 @@ def check_location(location: str | None, field: str) -> None:
 
     parts = urlsplit(location)
     secret_query = any(CREDENTIAL_QUERY.search(k) for k, _ in parse_qsl(parts.query, keep_blank_values=True))
+    if parts.query and field.endswith("storage_path"):  # run, checkpoint and lock paths are joined onto it
+        raise ConfigError(f"{field}={parts.scheme}://{parts.netloc}{parts.path}?{parts.query}: a storage URI may not "
+                          "carry query parameters (the runs' folders are joined onto its path); give the endpoint and "
+                          f"region as AWS_ENDPOINT_URL / AWS_REGION, and {field}={parts.scheme}://{parts.netloc}"
+                          f"{parts.path}")
     if "@" in parts.netloc or secret_query:
         shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
         raise ConfigError(f"{field}={shown} (credentials removed): a URI may not carry credentials, they would be "
@@ -161,6 +166,9 @@ def check_location(location: str | None, field: str) -> None:
 def check_folder(path: str, what: str) -> None:
     """``path`` (the input ``what`` names) is a local folder that can be written to, or one that can be created
     (nothing is created here); ConfigError naming it otherwise, before any work whose results it would hold."""
+    if is_uri(path):  # Path would make s3://b/out the local folder ./s3:/b/out
+        raise ConfigError(f"{what} {path!r}: a local folder is written here, not a URI; give a folder (and copy it to "
+                          "storage afterwards)")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{what} {path!r} is a file, not a folder; give a folder, or move the file")

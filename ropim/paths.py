@@ -20,6 +20,7 @@ import os
 import re
 
 SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://, gs://, file://, models:/, runs:/ (not C:\ or a:b)
+STORAGE_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://([^/?#]*)([^?#]*)(.*)", re.DOTALL)  # scheme, host, path, rest
 # where Ray unpacks an uploaded working folder: <temp dir>/session_<…>/runtime_resources/working_dir_files/_ray_pkg_<h>
 RAY_COPY = re.compile(r"/runtime_resources/working_dir_files/_ray_pkg_[0-9a-fA-F]+(?=/|$)")
 WORKING_DIR = "working_dir:"  # what a recorded path inside the submitted working folder starts with
@@ -32,8 +33,17 @@ def is_uri(location: str) -> bool:
 
 def resolve_path(path: str | None, keywords: tuple[str, ...] = ()) -> str | None:
     """``path`` as an absolute local path (``~`` expanded, joined to the working folder, links kept), or unchanged
-    when it is None, empty, a URI or one of ``keywords``."""
-    if not path or path in keywords or is_uri(path):
+    when it is None, empty or one of ``keywords``; a storage URI without a trailing or doubled ``/`` (names are
+    joined onto it: ``s3://b/runs/`` would give ``s3://b/runs//NAME``, which pyarrow refuses), ``file:///PATH`` as
+    the local path it names."""
+    if not path or path in keywords:
+        return path
+    if (uri := STORAGE_URI.fullmatch(path)) is not None:
+        scheme, host, where, rest = uri.groups()
+        if scheme.lower() == "file" and not host:
+            return os.path.abspath(where or "/")
+        return f"{scheme}://{host}{re.sub('/{2,}', '/', where).rstrip('/')}{rest}"
+    if is_uri(path):  # models:/…, runs:/…
         return path
     return os.path.abspath(os.path.expanduser(path))
 

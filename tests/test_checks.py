@@ -9,7 +9,7 @@ import typing
 
 import pytest
 
-from ropim.checks import check_data_cpus, data_cpu_share, waiting_note
+from ropim.checks import check_data_cpus, check_folder, check_location, data_cpu_share, waiting_note
 from ropim.core.config import ModelConfig
 from ropim.data.config import DataConfig, SegDataConfig
 from ropim.errors import ConfigError
@@ -76,3 +76,18 @@ def test_workers_beyond_the_joined_cluster_as_it_is_now_are_named_once():
     assert note.startswith("8 workers need 8 GPUs (4 now) of the Ray cluster at h:6379: waiting for nodes")
     assert "16 CPUs" not in note and "--num_workers" in note  # the CPUs fit; the fix named
     assert waiting_note(2, 1.0, False, 1, 0, "c").startswith("2 workers need 2 CPUs (1 now) of c")  # no GPU asked
+
+
+def test_a_local_output_folder_given_as_a_uri_is_refused(tmp_path, monkeypatch):
+    """``--out s3://b/results`` was the local folder ./s3:/b/results, written after hours of cells."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"--out 's3://b/results': a local folder is written here, not a URI"):
+        check_folder("s3://b/results", "--out")
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_a_storage_uri_with_query_parameters_is_refused_with_the_environment_to_use():
+    with pytest.raises(ConfigError, match=r"storage_path=s3://b/runs\?endpoint_override=minio:9000: a storage URI may "
+                                          r"not carry query parameters .* AWS_ENDPOINT_URL .*storage_path=s3://b/runs$"):
+        check_location("s3://b/runs?endpoint_override=minio:9000", "storage_path")
+    check_location("s3://b/shards?region=eu-west-1", "data.source")  # read, not joined onto

@@ -39,10 +39,20 @@ def test_resolve_path_joins_the_working_folder_expands_home_and_keeps_links(tmp_
     assert resolve_path("../up") == str(tmp_path.parent / "up")
     assert resolve_path("~/data") == str(tmp_path / "home" / "data")
     assert resolve_path("shards/*.parquet") == str(tmp_path / "shards" / "*.parquet")
-    for kept in ("s3://bucket/x", "gs://b/y", "file:///abs", "models:/ropim-encoder@champion", "runs:/abc/encoder",
-                 "/abs/path", "", None):
+    for kept in ("s3://bucket/x", "gs://b/y", "s3://b/x?region=eu-west-1", "models:/ropim-encoder@champion",
+                 "runs:/abc/encoder", "/abs/path", "", None):
         assert resolve_path(kept) == kept
     assert resolve_path("digits", ("digits",)) == "digits"
+
+
+def test_storage_uris_take_the_names_joined_onto_them(tmp_path):
+    """``s3://b/runs/`` (as copied from a console) would give ``s3://b/runs//NAME``, which pyarrow refuses at the first
+    checkpoint; ``file:///PATH`` is the local folder, with its lock and disk check."""
+    assert resolve_path("s3://b/runs/") == "s3://b/runs"
+    assert resolve_path("s3://b//runs///x/") == "s3://b/runs/x"
+    assert resolve_path("s3://b/") == "s3://b"
+    assert resolve_path(f"file://{tmp_path}/runs/") == str(tmp_path / "runs")
+    assert resolve_path("s3://b/shards/*.parquet") == "s3://b/shards/*.parquet"
 
 
 def test_cluster_note_names_local_paths_only_on_several_nodes():

@@ -57,8 +57,12 @@ class ModelRef:
 
 
 def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the sqlite store in the working directory (absolute)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    """``MLFLOW_TRACKING_URI`` if set, else the sqlite store in the working directory; a sqlite file given relative
+    (``sqlite:///mlflow.db``) made absolute, as Ray workers and Tune trials run in other folders."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path.cwd() / uri.removeprefix('sqlite:///')}"
+    return uri
 
 
 def check_tracking(uri: str, timeout: float = 5.0) -> None:

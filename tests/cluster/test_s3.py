@@ -120,7 +120,8 @@ def test_finetune_in_process_with_checkpoints_and_mlflow_artifacts_in_the_bucket
                                                                                  mlflow_server):
     encoder = run_named(mlflow_server, "ropim-pretrain", "s3-torch").data.tags["ropim.encoder_uri"]
     proc = ropim("finetune", "--preset", "digits_demo", "--encoder", encoder, "--data.source", digits,
-                 "--storage_path", s3_server.uri("finetune"), "--run_name", "ft-s3", "--num_workers", "0",
+                 "--storage_path", s3_server.uri("finetune") + "/",  # as copied from a console: the slash kept
+                 "--run_name", "ft-s3", "--num_workers", "0",
                  "--epochs", "2", "--batch_size", "16", "--max_steps_per_epoch", "2", "--warmup_epochs", "0")
     assert "registered classifier models:/ropim-classifier/1" in proc.stdout
     run = run_named(mlflow_server, "ropim-finetune", "ft-s3")

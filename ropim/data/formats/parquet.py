@@ -55,8 +55,8 @@ def hidden(relpath: str) -> bool:
 
 def parquet_files(location: str) -> tuple[pafs.FileSystem, list[str]]:
     """The Parquet shards at a folder (recursive), glob or file; hidden/temporary files are ignored."""
-    glob = any(c in location for c in "*?[")
     fs, path = filesystem(location)
+    glob = any(c in path for c in "*?[")  # in the path: a URI's ?query is not a glob
     if glob:
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rpartition("/")[0] or "/"
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
