@@ -74,8 +74,10 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         search_alg = MetricOptunaSearch(metric=cfg.metric, mode=cfg.mode, sampler=tpe_sampler(cfg),
                                         study_name=cfg.name, storage=study_storage(cfg))
     if cfg.scheduler == "asha":
+        # a trial at max_t ends by itself: ASHA's stop there killed its driver before the run was recorded and ended
         scheduler = ASHAScheduler(time_attr="epoch", metric=cfg.metric, mode=cfg.mode, max_t=cfg.max_epochs,
-                                  grace_period=cfg.grace_period, reduction_factor=cfg.reduction_factor)
+                                  grace_period=cfg.grace_period, reduction_factor=cfg.reduction_factor,
+                                  stop_last_trials=False)
     space = cfg.space
     num_samples = cfg.num_samples
     if cfg.search == "grid" and "seed" not in space:  # grid: samples are seeds, the same for every grid point

@@ -331,6 +331,8 @@ def test_interrupted_tpe_sweep_resumes_and_worse_sweep_keeps_champion(rho_sweep,
     # started after the restore
     assert len(second.rows) == 2 and all(r["status"] != "unfinished" for r in second.rows)
     assert len({r["mlflow_run"] for r in second.rows}) == len(_children(second.parent_run_id)) == 2
+    ended = {r.info.run_id: r.info.status for r in _children(second.parent_run_id)}  # ASHA let them end at max_t:
+    assert [(r["status"], ended[r["mlflow_run"]]) for r in second.rows] == [("finished", "FINISHED")] * 2  # not killed
     resumed_study = load_study(prepare(cfg))
     assert len(resumed_study.trials) == 2  # the trial run after the restore is in the same study
     for t in completed:  # the study's history survived the interruption
