@@ -107,7 +107,7 @@ def run_sweep(cfg: SweepConfig, *, callbacks: list | None = None) -> SweepResult
                   tags={"ropim.kind": "sweep", "ropim.sweep": cfg.name, "ropim.preset": cfg.preset},
                   resume=cfg.resume_command) as run:
         meta = run.meta
-        if run.finished or meta.get("finished"):  # or recorded by a sweep killed before its run was ended
+        if run.finished:  # or its outcome recorded by a sweep killed before its run was ended
             print(f"[sweep] {cfg.name} already finished (MLflow run {run.run_id}); best encoder "
                   f"{meta.get('encoder_uri')}")
             return SweepResult(cfg.name, run.run_id, True, meta["rows"], meta.get("best"), meta.get("encoder_uri"),

@@ -53,8 +53,13 @@ def collect_rows(grid, cfg: SweepConfig, uri: str, parent_run_id: str) -> list[d
     """One row per trial (in creation order): knob values, metric, status, child MLflow run, final checkpoint."""
     c = store.client(uri)
     exp = c.get_experiment_by_name(cfg.experiment)
-    children = {r.data.tags.get("ropim.trial_id"): r for r in c.search_runs(
-        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10_000)}
+    children: dict = {}  # a trial's run: the one its driver recorded, else the newest (a trial killed as its run was
+    # made, before it was stored, made another when it started again)
+    for r in c.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                           max_results=10_000, order_by=["attributes.start_time DESC"]):
+        held = children.get(tid := r.data.tags.get("ropim.trial_id"))
+        if held is None or ("ropim.checkpoint" in r.data.tags and "ropim.checkpoint" not in held.data.tags):
+            children[tid] = r
     rows, order = [], []
     for result in grid:
         metrics = result.metrics or {}

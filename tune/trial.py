@@ -72,6 +72,7 @@ def downstream_score(job: str, key: str, cfg: PretrainConfig, result: JobResult,
     encoder = log_encoder(cfg, result, uri)
     downstream = JOBS[job].config.from_dict({**fields, "encoder": encoder, "run_name": f"{cfg.run_name}-{job}",
                                              "storage_path": cfg.storage_path})
-    out = run(prepare(downstream, uri))
+    out = run(prepare(downstream, uri), run_options={"lock": False})  # as the trial's own: Tune runs it once at a time,
+    # possibly on another node after a restart, where a lock its first host left would refuse it for good
     store.set_tags(result.run_id, {f"ropim.{job}_run": out.run_id}, uri)
     return float(out.metrics[key])

@@ -177,8 +177,10 @@ def open_locked(experiment: str, name: str, config: dict, storage_path: str | No
         raise ConfigError(f"run {name!r} under {storage_path} is MLflow run {meta['run_id']}, which the tracking store "
                           f"{uri} does not hold: run the command where the run started, or set MLFLOW_TRACKING_URI "
                           "to the store it was tracked in") from None
-    finished = stored.info.status == "FINISHED"
+    finished = stored.info.status == "FINISHED" or meta.get("finished") is True
     if not finished:
         c.update_run(meta["run_id"], status="RUNNING")
+    elif stored.info.status != "FINISHED":  # its outcome recorded, then killed before the run was ended: ended now
+        end_run(meta["run_id"], "FINISHED", uri)
     return Run(meta["run_id"], name, uri, storage_path, continued=True, finished=finished, meta=meta,
                tags=dict(stored.data.tags))

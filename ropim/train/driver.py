@@ -262,7 +262,7 @@ def record(p: Prepared, mlflow_run: Run, result: FitResult, uri: str | None) -> 
     """Record a finished run's outcome: its model's URI as a tag, the stored metadata."""
     if uri:
         store.set_tags(mlflow_run.run_id, {p.job.model_tag: uri}, p.tracking)
-    mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics)
+    mlflow_run.save(model_uri=uri, checkpoint=result.checkpoint_path, metrics=result.metrics, finished=True)
     mlflow_run.recorded = True
 
 

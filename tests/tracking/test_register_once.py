@@ -16,12 +16,13 @@ from ropim.train.driver import run
 
 def unrecord(name: str, tag: str = "ropim.encoder_uri") -> None:
     """Put run ``name`` (under ./ray_results) back in the state a kill leaves after its version was made: the MLflow
-    run RUNNING, neither its tag nor its metadata naming the version."""
+    run RUNNING, neither its tag nor its metadata naming the version (nor anything else ``record`` writes)."""
     meta = read_run_meta("ray_results", name)
     c = store.client()
     c.update_run(meta["run_id"], status="RUNNING")
     c.delete_tag(meta["run_id"], tag)
-    write_run_meta("ray_results", name, {k: v for k, v in meta.items() if k != "model_uri"})
+    write_run_meta("ray_results", name, {k: v for k, v in meta.items()
+                                         if k not in ("model_uri", "checkpoint", "metrics", "finished")})
 
 
 def test_a_job_continued_after_its_version_was_made_registers_nothing_again(workdir, capsys):
@@ -86,3 +87,17 @@ def test_a_job_stopped_between_logging_and_registering_logs_its_model_once(workd
     assert [m.name for m in models] == ["encoder"]
     assert result.model_uri == "models:/logged/1"
     assert registry.load_encoder_files(result.model_uri)[1]["arch"]  # the version reads back whole
+
+
+def test_a_job_killed_once_its_outcome_was_recorded_is_reported_finished(workdir, capsys):
+    """Killed between recording its outcome and ending its MLflow run: the same command reports it (and ends the run
+    FINISHED) instead of starting its workers again to train nothing."""
+    cfg = tiny_pretrain(run_name="recorded", num_workers=0, epochs=1, max_steps_per_epoch=1)
+    first = run(cfg)
+    run_id = read_run_meta("ray_results", "recorded")["run_id"]
+    store.client().update_run(run_id, status="RUNNING")  # the kill's state: recorded, not ended
+    capsys.readouterr()
+    again = run(cfg)
+    assert again.earlier and again.model_uri == first.model_uri
+    assert "[pretrain] run recorded already finished" in capsys.readouterr().out
+    assert store.client().get_run(run_id).info.status == "FINISHED"
