@@ -25,6 +25,15 @@ TINY_PRETRAIN = PretrainConfig(model=TINY_MODEL, epochs=2, global_batch_size=16,
 TINY_FINETUNE = dict(epochs=2, batch_size=16, max_steps_per_epoch=2, warmup_epochs=0, log_every=1)
 
 
+def pretrain_preset(name: str, *overrides: str) -> PretrainConfig:
+    """The PretrainConfig of ``ropim pretrain --preset NAME OVERRIDES…``, as the command line builds it."""
+    from ropim.cli import job_parser
+    from ropim.commands import config
+
+    parser = job_parser(PretrainConfig, "pretrain", "test")
+    return config(parser.instantiate(parser.parse_args(["--preset", name, *overrides])), PretrainConfig)
+
+
 def tiny_pretrain(**changes) -> PretrainConfig:
     """``TINY_PRETRAIN`` with ``changes`` (``model`` may be a dict of ModelConfig changes)."""
     model = changes.pop("model", {})

@@ -8,18 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT, run_cli, run_cli_in_one_process
+from support import ROOT, pretrain_preset, run_cli, run_cli_in_one_process
 
-from ropim.cli import PRESETS, job_parser, shipped_presets
-from ropim.commands import config
-from ropim.train.pretrain.config import PretrainConfig
+from ropim.cli import PRESETS, shipped_presets
 
 PRETRAIN = shipped_presets(PRESETS / "pretrain")
 
 
-def load(name: str, *overrides: str) -> PretrainConfig:
-    parser = job_parser(PretrainConfig, "pretrain", "test")
-    return config(parser.instantiate(parser.parse_args(["--preset", name, *overrides])), PretrainConfig)
+load = pretrain_preset
 
 
 @pytest.mark.parametrize("name", list(PRETRAIN))

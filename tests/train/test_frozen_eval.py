@@ -4,6 +4,7 @@ score is named with, so that scores under one name compare (the champion rule)."
 from __future__ import annotations
 
 import pytest
+from support import pretrain_preset
 
 from ropim.errors import ConfigError
 from ropim.train.graft.config import GraftConfig
@@ -23,3 +24,18 @@ def test_a_score_is_named_with_what_it_depends_on(cls):
 def test_a_sample_holds_at_least_one_image(bad):
     with pytest.raises(ConfigError, match=f"eval_train_images={bad}: must be an integer ≥ 1"):
         PretrainConfig(eval_train_images=bad).validate()
+
+
+def test_evaluations_beside_training_over_an_imagenet_bank_are_refused_and_the_presets_take_their_share():
+    """Rank 0 alone would extract 1.28 M images beside training every 50 epochs, hold their features and search them
+    on its CPU; the ImageNet presets evaluate inline, every worker its share."""
+    imagenet = 1_281_167
+    cfg = PretrainConfig(num_workers=8, epochs=300, eval_every=50)
+    with pytest.raises(ConfigError, match=r"eval_async=true with a kNN bank of 1,281,167 train images: every 50 epochs "
+                                          r"rank 0 alone .* --eval_async false .* or --eval_train_images 50000"):
+        cfg.check_bank(imagenet)
+    for fine in (dict(eval_async=False), dict(eval_train_images=50_000), dict(num_workers=1), dict(eval_every=300)):
+        PretrainConfig(**{**dict(num_workers=8, epochs=300, eval_every=50), **fine}).check_bank(imagenet)
+    PretrainConfig(num_workers=8, epochs=300, eval_every=50).check_bank(126_689)  # ImageNet-100: beside training
+    for preset in ("vit_base_in1k", "vit_small_in1k"):
+        pretrain_preset(preset).check_bank(imagenet)

@@ -11,6 +11,8 @@ from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME
 from ropim.train.frozen_eval import FrozenEvalJob
 
+ASYNC_BANK = 200_000  # train images an evaluation beside training (rank 0 alone) takes at most
+
 
 @dataclass(frozen=True)
 class PretrainConfig(FrozenEvalJob):
@@ -40,7 +42,8 @@ class PretrainConfig(FrozenEvalJob):
     ingest: str = "torch"
     """torch: a DataLoader per worker; ray_data: Ray Data decode/augment tasks, sharded"""
     eval_async: bool = True
-    """eval epochs before the job's last run beside training (false: inline, what ASHA needs)"""
+    """eval epochs before the job's last run beside training, on rank 0 alone (false: inline, every worker extracting
+    its share; what ASHA needs, and what a bank over 200,000 train images takes)"""
     viz_every: int = 10
     """epochs between reconstruction-grid PNGs logged to MLflow (0 = never; last epoch too)"""
     experiment: str = "ropim-pretrain"
@@ -53,6 +56,19 @@ class PretrainConfig(FrozenEvalJob):
     def check(self) -> None:
         if self.num_workers == 0 and self.ingest == "ray_data":
             raise ConfigError("ingest='ray_data' needs num_workers ≥ 1 (Ray Train); use ingest='torch' in-process")
+
+    def check_bank(self, train_items: int) -> None:
+        """``FrozenEvalJob.check_bank``; and evaluations beside training (``eval_async``: rank 0 alone extracts the
+        whole bank, holds its features and searches it on the CPU, every ``eval_every`` epochs) over a bank of more
+        than ``ASYNC_BANK`` images on several workers are refused, naming the two fixes."""
+        super().check_bank(train_items)
+        bank = min(train_items, self.eval_train_images or train_items)
+        if self.eval_async and 0 < self.eval_every < self.epochs and self.num_workers > 1 and bank > ASYNC_BANK:
+            raise ConfigError(f"eval_async=true with a kNN bank of {bank:,} train images: every {self.eval_every} "
+                              "epochs rank 0 alone would extract them all beside training, hold their features and "
+                              f"search them on its CPU (hours at ImageNet size, and GiBs beside training's); give "
+                              f"--eval_async false (each of the {self.num_workers} workers extracts and searches its "
+                              f"share) or --eval_train_images {ASYNC_BANK // 4} (a sample)")
 
     def check_resources(self) -> None:
         """The workers fit this machine, and with ``ingest=ray_data`` leave Ray Data a CPU of the local cluster
