@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ropim.train.checkpoint import ROOM, NoRoom, full
-from ropim.train.collectives import gathered, gathered_on_first
+from ropim.train.collectives import gathered, gathered_on_first, summed
 
 
 class DropTrainReportLines(logging.Filter):
@@ -66,6 +66,9 @@ class RayWorker:
 
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
         return gathered_on_first(values, self.rank, self.world, self.device)
+
+    def summed(self, values: torch.Tensor) -> torch.Tensor:
+        return summed(values, self.world, self.device)
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         """Report the epoch; a checkpoint ``folder`` is uploaded to the run's storage and deleted. By default this

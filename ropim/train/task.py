@@ -46,6 +46,9 @@ class Worker(Protocol):
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
         """``gather`` onto rank 0 alone: the others get None (and never hold the others' values)."""
 
+    def summed(self, values: torch.Tensor) -> torch.Tensor:
+        """Every worker's ``values`` summed, on CPU on every worker (counts: one tensor's size exchanged)."""
+
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         """Report the epoch; ``folder`` (a checkpoint, rank 0) becomes the worker's: persisted, then deleted; with
         ``background``, persisted while training goes on where the worker can."""

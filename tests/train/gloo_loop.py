@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ropim.train.collectives import gathered, gathered_on_first
+from ropim.train.collectives import gathered, gathered_on_first, summed
 from ropim.train.job import JobConfig
 from ropim.train.loop import Loop
 from ropim.train.task import EpochData
@@ -104,6 +104,9 @@ class GlooWorker:
 
     def gather_to_first(self, values: torch.Tensor) -> torch.Tensor | None:
         return gathered_on_first(values, self.rank, self.world, self.device)
+
+    def summed(self, values: torch.Tensor) -> torch.Tensor:
+        return summed(values, self.world, self.device)
 
     def report(self, metrics: dict, folder: Path | None, background: bool = False) -> None:
         self.steps.append(metrics["step"])

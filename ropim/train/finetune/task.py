@@ -115,7 +115,7 @@ class FinetuneTask(EncoderTask):
         n_classes = len(self.classes)
         counts, conf = evaluate_counts(model, self.val_loader, n_classes, self.worker.device, self.amp_dtype,
                                        self.eval_pace(epoch, len(self.val_loader.dataset)))
-        gathered = self.worker.gather(torch.cat([counts, conf.flatten()]).double()).sum(0).long()
+        gathered = self.worker.summed(torch.cat([counts, conf.flatten()]).long())  # every worker's images
         counts, conf = gathered[:3], gathered[3:].reshape(n_classes, n_classes)
         metrics = {"top1": 100 * counts[0].item() / counts[2].item(), "top5": 100 * counts[1].item() / counts[2].item()}
         self.extra = {"eval": {"epoch": epoch, **metrics, "classes": self.classes, "confusion": conf.tolist(),

@@ -102,7 +102,7 @@ class SegmentTask(EncoderTask):
         share = contiguous_share(len(self.val_set), w.rank, w.world)
         conf = evaluate_confusion(model, self.val_set, share, self.cfg, k, w.device, self.amp_dtype,
                                   self.eval_pace(epoch, len(share)), self.cfg.dataloader_workers)
-        conf = w.gather(conf.flatten().double()).sum(0).long().reshape(k, k)  # every worker's pixels
+        conf = w.summed(conf.flatten().long()).reshape(k, k)  # every worker's pixels
         scores = segmentation_scores(conf)
         per_class = {f"iou.{metric_name(c)}": v for c, v in zip(self.classes, scores["per_class_iou"], strict=True)
                      if v == v}  # NaN: the class is in neither the labels nor the predictions

@@ -1,0 +1,51 @@
+"""``ropim.train.collectives`` over a 2-process gloo group (Ray Train's CPU workers use the same calls): a sum is
+every worker's values added, on every worker."""
+
+from __future__ import annotations
+
+import queue
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ropim.train.collectives import gathered, summed
+
+
+def two_rank_sums(rank: int, init: str, out) -> None:
+    """Rank ``rank`` of 2: sums and gathers rank-dependent counts; puts them or the error."""
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        counts = torch.arange(6, dtype=torch.int64) * (rank + 1) + 10**12 * rank  # past float32's exact integers
+        out.put((rank, summed(counts, 2, torch.device("cpu")).tolist(), gathered(counts, 2, torch.device("cpu"))))
+    except BaseException:
+        out.put((rank, traceback.format_exc(), None))
+        raise
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_sum_over_two_workers_is_every_workers_counts_added_exactly(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=two_rank_sums, args=(r, init, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in procs:
+            rank, sums, gathers = out.get(timeout=120)
+            assert isinstance(sums, list), sums  # else the worker's traceback
+            got[rank] = (sums, gathers)
+    except queue.Empty:
+        pytest.fail("the workers did not finish: one waits for the other")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    expected = [3 * i + 10**12 for i in range(6)]
+    assert got[0][0] == got[1][0] == expected  # on every worker, exact
+    assert got[0][1].sum(0).tolist() == expected  # what gathering then adding gave, at a world's size on the wire
+    original = torch.arange(3)
+    assert summed(original, 1, torch.device("cpu")).tolist() == [0, 1, 2]  # one worker: its own, a copy
