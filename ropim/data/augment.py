@@ -1,4 +1,4 @@
-"""The paper's pretraining augmentation and the eval resize, in PIL + numpy (no torch import).
+"""The paper's pretraining augmentation and the evaluation's resize + centre crop, in PIL + numpy (no torch import).
 
 RandomResizedCrop(scale 0.67–1, ratio 3/4–4/3) samples its box exactly as torchvision does (10 attempts, then
 a centre crop clamped to the ratio range) and crops + resizes in one antialiased bilinear PIL call; then a
@@ -20,6 +20,8 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CROP_SCALE = (0.67, 1.0)
 CROP_RATIO = (3 / 4, 4 / 3)
+EVAL_RESIZE = 256 / 224  # the evaluation's short side over its centre crop, at sizes over SMALL
+SMALL = 32  # sizes an evaluation resizes whole (the official code's CIFAR rule: no crop at 32 or less)
 _MEAN = np.array(IMAGENET_MEAN, np.float32) * 255
 _INV_STD = 1 / (np.array(IMAGENET_STD, np.float32) * 255)
 
@@ -60,8 +62,17 @@ def augment(img: Image.Image, size: int, uniform: Callable[[], float]) -> np.nda
 
 
 def resize(img: Image.Image, size: int) -> np.ndarray:
-    """Antialiased bilinear resize to size×size: uint8 (size, size, 3)."""
-    return np.asarray(img if img.size == (size, size) else img.resize((size, size), Image.BILINEAR))
+    """The evaluation's view of an image, uint8 (size, size, 3), as the official fine-tuning evaluates: over 32
+    pixels, the short side resized (bicubic) to ``int(EVAL_RESIZE · size)`` and the centre size×size cropped (ImageNet's
+    256 → 224); at 32 or less (CIFAR, the digits) the whole image resized (bilinear) to size×size."""
+    if img.size == (size, size) and size <= SMALL:
+        return np.asarray(img)
+    if size <= SMALL:
+        return np.asarray(img.resize((size, size), Image.BILINEAR))
+    short, (w, h) = int(EVAL_RESIZE * size), img.size
+    w, h = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)  # torchvision's Resize(int) sizes
+    left, top = int(round((w - size) / 2)), int(round((h - size) / 2))  # and CenterCrop's box
+    return np.asarray(img.resize((w, h), Image.BICUBIC).crop((left, top, left + size, top + size)))
 
 
 def normalize(batch: np.ndarray) -> np.ndarray:

@@ -130,7 +130,8 @@ class PretrainTransform:
 
 
 class EvalTransform:
-    """PIL image → float32 (3, size, size): resize (antialiased bilinear) and normalize, no randomness."""
+    """PIL image → float32 (3, size, size): ``ropim.data.augment.resize`` (over 32 pixels the official evaluation's
+    resize to 256/224 of the size and centre crop) and normalize, no randomness."""
 
     def __init__(self, img_size: int) -> None:
         self.img_size = img_size
@@ -145,7 +146,7 @@ def pretrain_transform(img_size: int) -> PretrainTransform:
 
 
 def eval_transform(img_size: int) -> EvalTransform:
-    """Resize and normalize, no randomness."""
+    """Resize (and centre-crop over 32 pixels) and normalize, no randomness."""
     return EvalTransform(img_size)
 
 

@@ -131,6 +131,21 @@ def test_augmentation_matches_torchvision_resize_and_crop_rule():
     assert x.shape == (3, 16, 16) and x.dtype == torch.float32
 
 
+@pytest.mark.parametrize("width, height", [(500, 375), (375, 500), (300, 300), (1000, 200)])
+def test_evaluation_over_32_pixels_is_the_official_resize_and_centre_crop(width, height):
+    """The official fine-tuning's evaluation (TEST.CROP): short side to 256/224 of the size, bicubic, centre crop;
+    the whole image stretched to 224×224 changed every non-square image's proportions."""
+    from torchvision.transforms import v2
+
+    from ropim.data.augment import IMAGENET_MEAN, IMAGENET_STD
+
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8))
+    ref = v2.Compose([v2.Resize(256, interpolation=v2.InterpolationMode.BICUBIC), v2.CenterCrop(224),  # on the PIL
+                      v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
+                      v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    assert torch.allclose(eval_transform(224)(img), ref(img), atol=1e-5)  # the same pixels
+
+
 def test_corrupt_image_skipped_and_counted_under_skip_named_under_fail(folder, tmp_path):
     root, good, broken = folder
     ds = build_dataset(DataConfig(str(root), val_fraction=0.5, split_seed=1), "train")
