@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ropim.core.config import ModelConfig
@@ -23,6 +24,36 @@ TINY_PRETRAIN = PretrainConfig(model=TINY_MODEL, epochs=2, global_batch_size=16,
                                warmup_epochs=1, viz_every=0, log_every=100)
 # a fine-tune of a few seconds: 2 steps of 16 images per epoch
 TINY_FINETUNE = dict(epochs=2, batch_size=16, max_steps_per_epoch=2, warmup_epochs=0, log_every=1)
+
+
+def on_two_ranks(target: Callable, tmp_path: Path, *args, timeout: float = 120) -> dict[int, tuple]:
+    """``target(rank, init, *args, out)`` in two fresh processes of one gloo group (spawned: a fork of a process that
+    ran torch ops can hang), ``init`` their rendezvous file in ``tmp_path``; each puts ``(rank, *values)`` on ``out``.
+    {rank: values}; the test fails when a worker does not report within ``timeout`` s (one waits for the other)."""
+    import queue
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=target, args=(rank, init, *args, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in procs:
+            rank, *values = out.get(timeout=timeout)
+            got[rank] = tuple(values)
+    except queue.Empty:
+        pytest.fail("the workers did not finish: one waits for the other")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return got
 
 
 def pretrain_preset(name: str, *overrides: str) -> PretrainConfig:

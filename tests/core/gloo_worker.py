@@ -8,7 +8,7 @@ import torch
 from ropim.core.contrastive import contrastive_loss
 
 
-def gathered_loss(rank: int, world: int, init: str, q: torch.Tensor, k: torch.Tensor, out) -> None:
+def gathered_loss(rank: int, init: str, q: torch.Tensor, k: torch.Tensor, out, world: int = 2) -> None:
     """Worker ``rank`` of ``world``: the loss of its share of the queries and keys, every worker's keys gathered."""
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:

@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from gloo_worker import gathered_loss
-from support import TINY_MODEL
+from support import TINY_MODEL, on_two_ranks
 
 from ropim.core.contrastive import contrastive_loss, momentum_at
 from ropim.core.moco import MoCo, block_of, lgp_param_groups, moco_mlp
@@ -98,16 +97,7 @@ def test_lgp_groups_put_the_embedding_and_lower_blocks_at_the_ratio():
 def test_keys_gathered_across_two_processes_give_the_loss_of_the_whole_batch(tmp_path):
     torch.manual_seed(0)
     q, k = torch.randn(6, 4), torch.randn(6, 4)
-    ctx = mp.get_context("spawn")  # fresh processes (a fork of a process that ran torch ops can hang)
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=gathered_loss, args=(r, 2, init, q, k, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    losses = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    assert all(p.exitcode == 0 for p in procs)
+    losses = {rank: values[0] for rank, values in on_two_ranks(gathered_loss, tmp_path, q, k).items()}
     # each worker's queries against all 6 keys, its positives at offset 3 × rank
     qn, kn = torch.nn.functional.normalize(q, dim=1), torch.nn.functional.normalize(k, dim=1)
     logits = qn @ kn.T / 0.2

@@ -3,12 +3,10 @@ every worker's values added, on every worker."""
 
 from __future__ import annotations
 
-import queue
 import traceback
 
-import pytest
 import torch
-import torch.multiprocessing as mp
+from support import on_two_ranks
 
 from ropim.train.collectives import gathered, summed
 
@@ -27,23 +25,8 @@ def two_rank_sums(rank: int, init: str, out) -> None:
 
 
 def test_a_sum_over_two_workers_is_every_workers_counts_added_exactly(tmp_path):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=two_rank_sums, args=(r, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in procs:
-            rank, sums, gathers = out.get(timeout=120)
-            assert isinstance(sums, list), sums  # else the worker's traceback
-            got[rank] = (sums, gathers)
-    except queue.Empty:
-        pytest.fail("the workers did not finish: one waits for the other")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
+    got = on_two_ranks(two_rank_sums, tmp_path)
+    assert all(isinstance(got[rank][0], list) for rank in (0, 1)), got  # else a worker's traceback
     expected = [3 * i + 10**12 for i in range(6)]
     assert got[0][0] == got[1][0] == expected  # on every worker, exact
     assert got[0][1].sum(0).tolist() == expected  # what gathering then adding gave, at a world's size on the wire

@@ -3,15 +3,13 @@ candidates and the probe's features, and rank 0 reports the scores one process c
 
 from __future__ import annotations
 
-import queue
 import traceback
 
 import pytest
 import timm
 import torch
-import torch.multiprocessing as mp
 from gloo_loop import GlooWorker
-from support import decode_in_loader_processes, log_shard_reads
+from support import decode_in_loader_processes, log_shard_reads, on_two_ranks
 
 from ropim.data.config import DataConfig
 from ropim.data.datasets import eval_splits
@@ -68,23 +66,8 @@ def two_rank_scores(rank: int, init: str, out) -> None:
 
 
 def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
-    ctx = mp.get_context("spawn")  # fresh processes (a fork of a process that ran torch ops can hang)
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=two_rank_scores, args=(r, init, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in procs:
-            rank, scores, items = out.get(timeout=120)
-            assert isinstance(scores, dict), scores  # else the worker's traceback
-            got[rank] = (scores, items)
-    except queue.Empty:
-        pytest.fail("the workers did not finish: one waits for the other")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
+    got = on_two_ranks(two_rank_scores, tmp_path)
+    assert all(isinstance(got[rank][0], dict) for rank in (0, 1)), got  # else a worker's traceback
     (everywhere, first), received = got[0][1]
     assert everywhere == got[1][1][0][0] == first == list(range(7))  # every worker's share joined in the items' order
     assert got[1][1][0][1] is None  # joined on rank 0 alone

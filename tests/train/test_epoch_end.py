@@ -5,12 +5,11 @@ by a task's own code is an error, not the end of the data."""
 from __future__ import annotations
 
 import logging
-import queue
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from gloo_loop import ToyTask, toy_loop_config, two_rank_loop
+from support import on_two_ranks
 
 from ropim.train.inprocess import LocalWorker
 from ropim.train.loop import Loop
@@ -41,25 +40,8 @@ def test_stop_iteration_from_the_task_is_raised(tmp_path):
 
 
 def test_workers_with_unequal_batches_end_the_epoch_together(tmp_path):
-    ctx = mp.get_context("spawn")  # fresh processes (a fork of a process that ran torch ops can hang)
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
     batches = {0: 5, 1: 3}  # both list 3 steps of 2; rank 1 runs out inside step 2, rank 0 inside step 3
-    procs = [ctx.Process(target=two_rank_loop, args=(r, init, batches, 3, str(tmp_path), out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in procs:
-            rank, steps, clean, weights = out.get(timeout=90)  # a hang in DDP's all-reduce ends here
-            got[rank] = (steps, clean, weights)
-    except queue.Empty:
-        pytest.fail("the workers did not finish: one waits for the other")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got = on_two_ranks(two_rank_loop, tmp_path, batches, 3, str(tmp_path), timeout=90)  # a hang in DDP's all-reduce
     for rank in (0, 1):
         assert not isinstance(got[rank][0], str), got[rank][0]  # not an error's traceback
         assert got[rank][0] == [1, 2], got[rank][0]  # one step per epoch on both workers

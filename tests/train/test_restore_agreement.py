@@ -4,12 +4,9 @@ step, and every worker fails with one line instead of training on (or hanging at
 
 from __future__ import annotations
 
-import queue
-
-import pytest
 import torch
-import torch.multiprocessing as mp
 from gloo_loop import two_rank_restore
+from support import on_two_ranks
 
 from ropim.train.checkpoint import save_checkpoint
 
@@ -24,20 +21,8 @@ def checkpoint(folder, epoch: int) -> str:
 
 def test_workers_that_restore_different_checkpoints_all_fail_before_training(tmp_path):
     latest, earlier = checkpoint(tmp_path / "latest", 1), checkpoint(tmp_path / "earlier", 0)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=two_rank_restore, args=(r, init, latest, earlier, str(tmp_path), out))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        raised = dict(out.get(timeout=90) for _ in procs)
-    except queue.Empty:
-        pytest.fail("the workers did not finish")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
+    raised = {rank: values[0] for rank, values in
+              on_two_ranks(two_rank_restore, tmp_path, latest, earlier, str(tmp_path), timeout=90).items()}
     for rank in (0, 1):  # both, so that neither waits for the other in a collective
         assert raised[rank].startswith("RuntimeError: [toy] the workers restored different checkpoints (rank 0: "
                                        "epoch 2 step 4, rank 1: epoch 1 step 2"), raised[rank]
