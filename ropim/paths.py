@@ -74,12 +74,16 @@ def ray_job_copy() -> str | None:
     return os.getcwd() if env.get("working_dir") else None
 
 
-def job_copy_note(storage_path: str) -> str | None:
+def job_copy_note(storage_path: str, flag: str = "storage_path") -> str | None:
     """The one line for a Ray job whose checkpoints (``storage_path``, resolved) lie inside Ray's copy of the working
-    folder (a relative ``--storage_path``, the default's ``ray_results`` included), else None."""
+    folder (a relative ``--storage_path``, the default's ``ray_results`` included), else None; with ``flag`` another
+    local output folder (``out``: a transfer's tables), which Ray's clean-up removes as well."""
     copy = ray_job_copy()
     if copy is None or is_uri(storage_path) or not os.path.abspath(storage_path).startswith(copy + os.sep):
         return None
+    if flag != "storage_path":
+        return (f"note: {flag}={storage_path} lies inside Ray's copy of the submitted working folder, which Ray "
+                f"removes with old copies: give --{flag} an absolute folder outside it to keep what is written there")
     return (f"note: storage_path={storage_path} lies inside Ray's copy of the submitted working folder: a job "
             "submitted after any file of that folder changes gets a new copy and does not see these checkpoints, "
             "and Ray removes old copies; for a long run give --storage_path an absolute folder outside it or a URI "

@@ -76,6 +76,8 @@ def test_a_ray_job_keeping_checkpoints_in_its_working_folder_copy_says_so_and_ho
     note = job_copy_note(cfg.storage_path)
     assert note.startswith(f"note: storage_path={tmp_path}/ray_results lies inside Ray's copy of the submitted")
     assert job_copy_note(str(tmp_path.parent / "elsewhere")) is None and job_copy_note("s3://b/runs") is None
+    assert job_copy_note(f"{tmp_path}/transfer_results", "out").startswith(  # a transfer's tables: removed with it
+        f"note: out={tmp_path}/transfer_results lies inside Ray's copy of the submitted working folder, which Ray")
     assert Prepared(JOBS["pretrain"], cfg, "").resume_hint == \
         "ray job submit --working-dir . -- python jobs/pretrain.py --resume long"
 

@@ -23,6 +23,7 @@ from ropim.errors import ConfigError
 from ropim.files import written_whole
 from ropim.flows.config import TransferConfig
 from ropim.flows.probe import probe, probe_splits
+from ropim.paths import job_copy_note
 from ropim.tracking import store
 from ropim.tracking.encoders import EncoderRef, resolve_encoder
 from ropim.tracking.uri import check_tracking, tracking_uri
@@ -127,6 +128,8 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
     """Run every cell, print the table, write CSV / Markdown / JSON; return {'rows', 'markdown', 'files'}."""
     cfg = cfg.resolved().validate()
     refs = preflight(cfg)
+    if note := job_copy_note(cfg.out, "out"):
+        print(note, flush=True)
     rows = []
     ray = (cfg.mode == "finetune" and cfg.finetune.num_workers > 0) or (cfg.segment_list and cfg.segment.num_workers)
     with ray_session(needed=bool(ray)):  # one for every cell
