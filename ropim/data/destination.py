@@ -16,7 +16,6 @@ import logging
 import os
 import posixpath
 import socket
-import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 
 from ropim.data.formats.parquet import PLAN, filesystem, read_plan
 from ropim.errors import ConfigError
+from ropim.filesystems import write_whole
 from ropim.paths import is_uri
 
 log = logging.getLogger("ropim.data")
@@ -140,14 +140,6 @@ def clear_empty(fs, root: str, dst: str, other_plan: bool) -> bool:
     log.info(f"convert destination {dst}: removed an earlier conversion there that holds no image ({len(shards)} "
              f"shard{'s' * (len(shards) != 1)} without rows, its plan and classes.json); converting afresh")
     return True
-
-
-def write_whole(fs, path: str, data: bytes) -> None:
-    """Write a small file under a temporary name of this writer's own, then rename it into place."""
-    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
 
 
 def shard_info(fs, path: str) -> tuple[dict, int] | None:

@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import torch
 
 from ropim.errors import ConfigError
-from ropim.filesystems import filesystem
+from ropim.filesystems import filesystem, write_whole
 
 STOP_FILE = "stopped.json"
 INPUT_ERROR_FILE = "input_error.json"
@@ -104,8 +104,7 @@ def write_record(run_dir: str, name: str, record: dict) -> None:
     """``record`` as JSON in file ``name`` of the run's folder (a local path or a URI)."""
     fs, path = filesystem(f"{run_dir}/{name}")
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps(record).encode())
+    write_whole(fs, path, json.dumps(record).encode())  # a kill leaves none or all of it: read at every start
 
 
 def read_record(fs: pafs.FileSystem, path: str, remove: bool = False) -> dict | None:

@@ -17,7 +17,7 @@ import re
 import pyarrow.fs as pafs
 
 from ropim.errors import ConfigError
-from ropim.filesystems import filesystem
+from ropim.filesystems import filesystem, write_whole
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it registered
 RAY_CHECKPOINT = re.compile(r"checkpoint_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}\.\d{6}")  # Ray's default folder names
@@ -101,8 +101,7 @@ def forget_missing(run_dir: str) -> list[str]:
     for key in ("validated_checkpoint_dir_names", "timed_out_validation_checkpoint_dir_names",
                 "failed_validation_checkpoint_dir_names"):
         state[key] = [name for name in state.get(key, []) if name not in missing]
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps(state).encode())
+    write_whole(fs, path, json.dumps(state).encode())  # a kill while it is written leaves Ray's snapshot whole
     print(f"{run_dir}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing; the run continues from "
           f"{latest['checkpoint_dir_name']}, the newest checkpoint left", flush=True)
     return missing
