@@ -227,7 +227,7 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
         except mlflow.exceptions.MlflowException:
             raise LookupError(f"{kind} {model_uri}: no MLflow run {ref.run_id!r} at {uri or tracking_uri()}") from None
         logged_as = ref.path.split("/")[0]  # register_model logs each model under its kind
-        held = run_paths(run)
+        held = run_paths(run, uri)
         if logged_as not in held:
             raise LookupError(f"{kind} {model_uri}: run {ref.run_id} holds no artifact {logged_as!r} (it holds "
                               f"{', '.join(held) or 'none'}); give runs:/{ref.run_id}/<one of them>")
