@@ -204,12 +204,16 @@ def log_pyfunc(run_id: str, **kwargs):
         mlflow.end_run(status=status)  # off MLflow's active-run stack, as it was
 
 
+def logged_models(run: mlflow.entities.Run, uri: str | None = None) -> list:
+    """The models ``run`` logged (MLflow 3 keeps each apart from the run's artifacts, under its name)."""
+    return client(uri).search_logged_models([run.info.experiment_id],
+                                            filter_string=f"source_run_id = '{run.info.run_id}'")
+
+
 def logged_model(run_id: str, name: str, uri: str | None = None) -> str | None:
     """The URI of the model ``name`` that run ``run_id`` logged whole (READY), or None: a job stopped after logging it
     but before registering it logs it once, not again when continued."""
-    c = client(uri)
-    found = [m for m in c.search_logged_models([c.get_run(run_id).info.experiment_id],
-                                               filter_string=f"source_run_id = '{run_id}'")
+    found = [m for m in logged_models(client(uri).get_run(run_id), uri)
              if m.name == name and m.status == LoggedModelStatus.READY]
     return found[0].model_uri if found else None
 
@@ -231,11 +235,9 @@ def artifact_files(run_id: str, folder: str, uri: str | None = None) -> list[tup
 
 
 def run_paths(run: mlflow.entities.Run, uri: str | None = None) -> list[str]:
-    """What ``runs:/<run id>/…`` can name: the run's models (MLflow 3 logs each apart from the run's artifacts, under
-    its name) and its top-level artifacts, sorted."""
-    c, run_id = client(uri), run.info.run_id
-    models = c.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
-    return sorted({m.name for m in models} | {f.path for f in c.list_artifacts(run_id)})
+    """What ``runs:/<run id>/…`` can name: the run's models (``logged_models``) and its top-level artifacts, sorted."""
+    artifacts = client(uri).list_artifacts(run.info.run_id)
+    return sorted({m.name for m in logged_models(run, uri)} | {f.path for f in artifacts})
 
 
 def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
