@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ropim.core.config import ModelConfig
@@ -24,6 +24,25 @@ TINY_PRETRAIN = PretrainConfig(model=TINY_MODEL, epochs=2, global_batch_size=16,
                                warmup_epochs=1, viz_every=0, log_every=100)
 # a fine-tune of a few seconds: 2 steps of 16 images per epoch
 TINY_FINETUNE = dict(epochs=2, batch_size=16, max_steps_per_epoch=2, warmup_epochs=0, log_every=1)
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, init: str, out, blanks: int = 1) -> Iterator[None]:
+    """This process as rank ``rank`` of a 2-process gloo group (``init``: its rendezvous) for the block; what the
+    block raises is put on ``out`` as ``(rank, traceback, None × blanks)``, for ``on_two_ranks`` to return rather than
+    wait for, then raised."""
+    import traceback
+
+    import torch
+
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        yield
+    except BaseException:
+        out.put((rank, traceback.format_exc(), *[None] * blanks))
+        raise
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def on_two_ranks(target: Callable, tmp_path: Path, *args, timeout: float = 120) -> dict[int, tuple]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from support import gloo_rank
 
 from ropim.train.collectives import gathered, gathered_on_first, summed
 from ropim.train.job import JobConfig
@@ -117,18 +117,12 @@ class GlooWorker:
 def two_rank_loop(rank: int, init: str, batches: dict[int, int], listed: int, run_dir: str, out) -> None:
     """Rank ``rank`` of 2: two epochs of ``ToyTask``; puts (rank, steps per report, clean, weights as floats) or the
     error."""
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, init, out, blanks=2):
         task, worker = ToyTask(batches, listed, run_dir), GlooWorker(rank, 2)
         loop = Loop(task, toy_loop_config(global_batch_size=8), worker)
         loop.run()
         weights = torch.cat([p.detach().flatten() for p in task.model.parameters()]).tolist()  # no tensor: no fd
         out.put((rank, worker.steps, task.clean, weights))
-    except BaseException:
-        out.put((rank, traceback.format_exc(), None, None))
-        raise
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 class OneSidedRestore(GlooWorker):

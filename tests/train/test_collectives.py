@@ -3,25 +3,17 @@ every worker's values added, on every worker."""
 
 from __future__ import annotations
 
-import traceback
-
 import torch
-from support import on_two_ranks
+from support import gloo_rank, on_two_ranks
 
 from ropim.train.collectives import gathered, summed
 
 
 def two_rank_sums(rank: int, init: str, out) -> None:
     """Rank ``rank`` of 2: sums and gathers rank-dependent counts; puts them or the error."""
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, init, out):
         counts = torch.arange(6, dtype=torch.int64) * (rank + 1) + 10**12 * rank  # past float32's exact integers
         out.put((rank, summed(counts, 2, torch.device("cpu")).tolist(), gathered(counts, 2, torch.device("cpu"))))
-    except BaseException:
-        out.put((rank, traceback.format_exc(), None))
-        raise
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_a_sum_over_two_workers_is_every_workers_counts_added_exactly(tmp_path):

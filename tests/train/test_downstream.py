@@ -3,13 +3,11 @@ candidates and the probe's features, and rank 0 reports the scores one process c
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import timm
 import torch
 from gloo_loop import GlooWorker
-from support import decode_in_loader_processes, log_shard_reads, on_two_ranks
+from support import decode_in_loader_processes, gloo_rank, log_shard_reads, on_two_ranks
 
 from ropim.data.config import DataConfig
 from ropim.data.datasets import eval_splits
@@ -46,8 +44,7 @@ class Receiving(GlooWorker):
 def two_rank_scores(rank: int, init: str, out) -> None:
     """Rank ``rank`` of 2: the split scores, ``joined`` of items 0…6 (rank 0 holds 0…2, rank 1 3…6) on every worker and
     on rank 0 alone, and the feature rows the worker received; puts them or the error."""
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with gloo_rank(rank, init, out):
         torch.set_num_threads(1)
         worker = Receiving(rank, 2)
         items = [joined(worker, torch.tensor(contiguous_share(7, rank, 2)), 7).tolist()]
@@ -58,11 +55,6 @@ def two_rank_scores(rank: int, init: str, out) -> None:
         scores["sampled"] = frozen_scores(tiny_encoder(), 32, DataConfig(source="digits"), knn_k=20, linear=False,
                                           worker=worker, train_images=SAMPLED).get("knn_top1")
         out.put((rank, scores, (items, rows)))
-    except BaseException:
-        out.put((rank, traceback.format_exc(), None))
-        raise
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_scores_split_over_two_workers_are_those_of_one_process(tmp_path):
