@@ -244,25 +244,26 @@ def data_cpu_share(cpus: float, num_workers: int) -> float:
     return max(0.0, math.floor(100 * (cpus - DATA_CPUS) / num_workers) / 100)
 
 
-def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, cluster: str) -> None:
-    """``ingest=ray_data``: the Train workers, which Ray places first, must leave Ray Data ``DATA_CPUS`` of the
-    ``cpus`` logical CPUs of ``cluster``; else its read tasks never start and the job reads no row until Ray's
-    30-minute no-progress timeout. ConfigError naming the fixes (a CPU share per worker, fewer workers, torch
-    ingest)."""
-    held = num_workers * cpus_per_worker
-    if cpus - held >= DATA_CPUS:
+def check_data_cpus(cpus: float, num_workers: int, cpus_per_worker: float, cluster: str, trials: int = 1) -> None:
+    """``ingest=ray_data``: the Train workers of ``trials`` concurrent runs (a sweep's ``--max-concurrent``), which Ray
+    places first, must leave Ray Data ``DATA_CPUS`` of the ``cpus`` logical CPUs of ``cluster``; else its read tasks
+    never start and no run reads a row until Ray's 30-minute no-progress timeout. Workers that do not all fit
+    ``cpus`` wait for nodes and are judged as those join. ConfigError naming the fixes (a CPU share per worker,
+    fewer workers or trials, torch ingest)."""
+    held = trials * num_workers * cpus_per_worker
+    if held > cpus or cpus - held >= DATA_CPUS:
         return
     fixes = []
-    share = data_cpu_share(cpus, num_workers)
-    if share > 0:
+    if (share := data_cpu_share(cpus, trials * num_workers)) > 0:
         fixes.append(f"--cpus_per_worker {share:g}")
-    fewer = math.floor((cpus - DATA_CPUS) / cpus_per_worker)
-    if 1 <= fewer < num_workers:
-        fixes.append(f"--num_workers {fewer}")
-    raise ConfigError(f"ingest=ray_data: num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} hold "
-                      f"{min(held, cpus):g} of the {cpus:g} CPUs of {cluster}, leaving Ray Data's read and decode "
-                      f"tasks {max(cpus - held, 0):g} (they need {DATA_CPUS:g}): the job would read no data until "
-                      f"Ray's 30-minute timeout; use {', '.join(fixes)}{' or ' if fixes else ''}--ingest torch")
+    fewer = math.floor((cpus - DATA_CPUS) / (cpus_per_worker * (num_workers if trials > 1 else 1)))
+    if 1 <= fewer < (trials if trials > 1 else num_workers):
+        fixes.append(f"--max-concurrent {fewer}" if trials > 1 else f"--num_workers {fewer}")
+    runs, who = (f"max_concurrent={trials} trials × ", "every trial") if trials > 1 else ("", "the job")
+    raise ConfigError(f"ingest=ray_data: {runs}num_workers={num_workers} × cpus_per_worker={cpus_per_worker:g} hold "
+                      f"{held:g} of the {cpus:g} CPUs of {cluster}, leaving Ray Data's read and decode tasks "
+                      f"{cpus - held:g} (they need {DATA_CPUS:g}): {who} would read no data until Ray's 30-minute "
+                      f"timeout; use {', '.join(fixes)}{' or ' if fixes else ''}--ingest torch")
 
 
 def check_encoder_input(uri: str, config: dict, img_size: int | None = None) -> None:

@@ -11,7 +11,17 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ropim.checks import COUNT, SEED, OneOf, Range, check_fields, check_location, check_mlflow_names, check_run_name
+from ropim.checks import (
+    COUNT,
+    SEED,
+    OneOf,
+    Range,
+    check_data_cpus,
+    check_fields,
+    check_location,
+    check_mlflow_names,
+    check_run_name,
+)
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from tune.spaces import max_value, n_grid_points, validate_space
@@ -123,6 +133,13 @@ class SweepConfig:
             raise ConfigError("--workers-per-trial must be ≥ 1: every trial is a Ray Train run")
         validate_space(self.space, self.search, self.pretrain)
         return self
+
+    def check_data_cpus(self, cpus: float, cluster: str) -> None:
+        """``ropim.checks.check_data_cpus`` for ``max_concurrent`` trials that read through Ray Data (the default
+        concurrency, ``tune.driver.default_concurrency``, leaves each trial a CPU)."""
+        p = self.pretrain
+        if p.get("ingest") == "ray_data" and self.max_concurrent is not None:
+            check_data_cpus(cpus, p["num_workers"], p["cpus_per_worker"], cluster, self.max_concurrent)
 
     def resolved(self) -> SweepConfig:
         """The same sweep with its local paths (storage, the trials' data source) absolute (``ropim.paths``)."""

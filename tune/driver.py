@@ -22,7 +22,7 @@ from ropim.train.runtime import ray_session, worker_cause
 from tune.config import SweepConfig
 from tune.data_stop import StopAtDataError, TrialDataError, sweep_stopped
 from tune.outcome import SweepResult, end_unfinished_trials, finish
-from tune.preflight import check_trials_data_cpus, prepare
+from tune.preflight import prepare
 from tune.progress import SweepProgress
 from tune.resources import ReleaseEndedTrials, release_all
 from tune.spaces import grid_seeds, to_tune
@@ -136,7 +136,7 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
     p, total = cfg.pretrain, ray.cluster_resources()
-    check_trials_data_cpus(cfg, total.get("CPU", 0.0), "the Ray cluster")
+    cfg.check_data_cpus(total.get("CPU", 0.0), "the Ray cluster")
     concurrency = cfg.max_concurrent or default_concurrency(total, p["num_workers"], p["cpus_per_worker"], p["use_gpu"],
                                                             p["ingest"])
     if note := waiting_note(p["num_workers"], p["cpus_per_worker"], p["use_gpu"], total.get("CPU", 0.0),

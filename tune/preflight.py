@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import asdict, dataclass
 
-from ropim.checks import DATA_CPUS, local_cpus
+from ropim.checks import local_cpus
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME, default_run_name
 from ropim.tracking.preflight import check_registered_model
@@ -46,24 +45,6 @@ def derived(cfg: SweepConfig) -> SweepConfig:
     return dataclasses.replace(cfg, pretrain=pretrain, segment=segment, name=cfg.name or default_run_name(cfg.preset))
 
 
-def check_trials_data_cpus(cfg: SweepConfig, cpus: float, cluster: str) -> None:
-    """``ingest=ray_data`` with ``--max-concurrent`` given: the concurrent trials' workers leave Ray Data a CPU of the
-    ``cpus`` of ``cluster`` (the default concurrency leaves each trial one). ConfigError naming the fixes otherwise:
-    every trial would read no data until Ray's 30-minute timeout."""
-    p = cfg.pretrain
-    if p.get("ingest") != "ray_data" or cfg.max_concurrent is None:
-        return
-    held = cfg.max_concurrent * p["num_workers"] * p["cpus_per_worker"]
-    if held > cpus or cpus - held >= DATA_CPUS:  # workers that do not fit wait for nodes: judged as they join
-        return
-    fewer = math.floor((cpus - DATA_CPUS) / (p["num_workers"] * p["cpus_per_worker"]))
-    fix = f"--max-concurrent {fewer}, " if fewer >= 1 else ""
-    raise ConfigError(f"ingest=ray_data: max_concurrent={cfg.max_concurrent} trials × {p['num_workers']} workers × "
-                      f"{p['cpus_per_worker']:g} CPUs hold {held:g} of the {cpus:g} CPUs of {cluster}, leaving Ray "
-                      f"Data's read tasks {cpus - held:g} (they need {DATA_CPUS:g}): every trial would read no data "
-                      f"until Ray's 30-minute timeout; use {fix}fewer --cpus-per-worker or --ingest torch")
-
-
 def prepare(cfg: SweepConfig) -> PreparedSweep:
     """Name the sweep, make local paths absolute (trials run in other folders), evaluate at the final epoch at least,
     and validate the sweep, every value each knob can take and the first batches, before Ray starts; a sweep
@@ -89,7 +70,7 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
     if cfg.metric == "segment_miou":
         SegmentConfig.from_dict(cfg.trial_segment(pretrain)).validate()
     if (cpus := local_cpus()) is not None:  # a local Ray; a cluster joined by address: ``run_trials`` once connected
-        check_trials_data_cpus(cfg, cpus, "this machine (the local Ray cluster)")
+        cfg.check_data_cpus(cpus, "this machine (the local Ray cluster)")
     from ropim.data.sources import check_batch_fits  # pyarrow, no torch
 
     base.check_bank(check_batch_fits(base.data, batches))

@@ -10,7 +10,6 @@ import pytest
 
 from ropim.errors import ConfigError
 from tune.driver import default_concurrency, tpe_sampler
-from tune.preflight import check_trials_data_cpus
 from tune.sweep import config_from_args
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,9 +48,10 @@ def test_trials_reading_through_ray_data_leave_their_tasks_a_cpu():
 
 def test_a_given_concurrency_that_holds_every_cpu_for_ray_data_is_refused():
     cfg = config_from_args(["--ingest", "ray_data", "--max-concurrent", "4", "--workers-per-trial", "2"])
-    with pytest.raises(ConfigError, match=r"max_concurrent=4 trials × 2 workers × 1 CPUs hold 8 of the 8 CPUs of c, "
-                                          r"leaving Ray Data's read tasks 0 .* use --max-concurrent 3, "):
-        check_trials_data_cpus(cfg, 8, "c")
-    check_trials_data_cpus(cfg, 9, "c")  # one CPU left: the trials' tasks share it
-    check_trials_data_cpus(cfg, 6, "c")  # not all fit now: they wait for nodes, judged as they join
-    check_trials_data_cpus(replace(cfg, max_concurrent=None), 8, "c")  # the default leaves each trial a CPU
+    with pytest.raises(ConfigError, match=r"max_concurrent=4 trials × num_workers=2 × cpus_per_worker=1 hold 8 of the "
+                                          r"8 CPUs of c, leaving Ray Data's read and decode tasks 0 .* use "
+                                          r"--cpus_per_worker 0.87, --max-concurrent 3 or --ingest torch"):
+        cfg.check_data_cpus(8, "c")
+    cfg.check_data_cpus(9, "c")  # one CPU left: the trials' tasks share it
+    cfg.check_data_cpus(6, "c")  # not all fit now: they wait for nodes, judged as they join
+    replace(cfg, max_concurrent=None).check_data_cpus(8, "c")  # the default leaves each trial a CPU

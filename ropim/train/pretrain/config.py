@@ -81,8 +81,7 @@ class PretrainConfig(FrozenEvalJob):
     def check_cluster(self, cpus: float, gpus: float, cluster: str) -> None:
         """With ``ingest=ray_data``, workers that fit the cluster as it is must leave Ray Data a CPU of it. Workers
         that do not fit yet wait for nodes (``wait_for_resources``, an autoscaler) and are not judged here."""
-        fits = self.num_workers * self.cpus_per_worker <= cpus and (not self.use_gpu or self.num_workers <= gpus)
-        if self.ingest == "ray_data" and fits and not self.wait_for_resources:
+        if self.ingest == "ray_data" and not self.wait_for_resources and (not self.use_gpu or self.num_workers <= gpus):
             check_data_cpus(cpus, self.num_workers, self.cpus_per_worker, cluster)
 
     @property
