@@ -82,12 +82,15 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epo
 
 def load_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer=None, scaler=None) -> dict:
     """Load weights (and optimizer / scaler state when given) from ``folder``; return the train state, with the
-    epoch records the tracking store had not taken when it was written (``unrecorded``, from ``UNRECORDED``)."""
+    epoch records the tracking store had not taken when it was written (``unrecorded``, from ``UNRECORDED``) and
+    its epoch's metrics (``metrics``: the numbers of ``metrics.json``, not its extras)."""
     folder = Path(folder)
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     state = torch.load(folder / "train_state.pt", map_location="cpu", weights_only=True)  # the optimizer moves it
-    unrecorded = folder / UNRECORDED
+    unrecorded, metrics = folder / UNRECORDED, folder / "metrics.json"
     state["unrecorded"] = json.loads(unrecorded.read_text()) if unrecorded.exists() else []
+    numbers = json.loads(metrics.read_text()).items() if metrics.exists() else ()
+    state["metrics"] = {k: v for k, v in numbers if isinstance(v, (int, float))}
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"]:

@@ -1,12 +1,12 @@
 """The one training loop, for every job: pretraining and fine-tuning supply a ``Task`` (model, batches, batch →
 loss, evaluation, what rank 0 logs), the loop does the rest on one worker of a ``Worker`` (Ray Train or in-process):
 
-    restore the latest checkpoint → agree on the steps per epoch (the fewest any worker's data lists) → for each
-    epoch: seed (seed, epoch, rank) → optimizer steps of ``accum_steps`` micro batches, fetched first, while every
-    worker has them (the task's ``before_step``, autocast bf16/fp16 + grad scaler, clipping, timm's cosine or poly
-    (power 1) schedule per step, over all steps or after the warm-up, a progress line every ``log_every`` steps) →
-    epoch stats over all workers → evaluation when due → rank 0's epoch hook, its metrics recorded in MLflow →
-    checkpoint when due → report.
+    restore the latest checkpoint (nothing left to train: report its epoch again) → agree on the steps per epoch
+    (the fewest any worker's data lists) → for each epoch: seed (seed, epoch, rank) → optimizer steps of
+    ``accum_steps`` micro batches, fetched first, while every worker has them (the task's ``before_step``, autocast
+    bf16/fp16 + grad scaler, clipping, timm's cosine or poly (power 1) schedule per step, over all steps or after
+    the warm-up, a progress line every ``log_every`` steps) → epoch stats over all workers → evaluation when due →
+    rank 0's epoch hook, its metrics recorded in MLflow → checkpoint when due → report.
 
 Speed options (``JobConfig``'s): ``channels_last`` weights, ``compile`` (torch.compile of the model the loss sees,
 DDP-wrapped or not), ``tf32`` matmuls while the loop runs. Evaluations a task starts in the background are collected
@@ -61,9 +61,7 @@ def seed_everything(seed: int) -> None:
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak allocated GPU memory, or this process's peak resident memory on CPU, in MiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return peak_rss_mb()
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else peak_rss_mb()
 
 
 def peak_rss_mb() -> float:
@@ -98,10 +96,10 @@ class Loop:
         if worker.rank == 0 and cfg.precision != self.precision:
             log.info(f"[{cfg.kind}] precision {cfg.precision} -> {self.precision} on {worker.device.type}")
         self.scaler = grad_scaler(self.precision)
-        self.start_epoch, self.step = 0, 0
+        self.start_epoch, self.step, self.restored_metrics = 0, 0, {}
         state, unreadable = restore(worker.restorable(), self.model, self.optimizer, self.scaler)
         if state is not None:
-            self.start_epoch, self.step = state["epoch"] + 1, state["step"]
+            self.start_epoch, self.step, self.restored_metrics = state["epoch"] + 1, state["step"], state["metrics"]
             task.unsent = state["unrecorded"] if worker.rank == 0 else []  # records the store had not taken then
             if worker.rank == 0:
                 skipped = f" ({'; '.join(unreadable)} cannot be loaded: the previous complete checkpoint is used)" \
@@ -242,6 +240,8 @@ class Loop:
         try:
             if self.start_epoch > 0:
                 self.task.resumed(self.model, self.start_epoch)
+            if self.start_epoch >= last_epoch:  # nothing left to train: the latest checkpoint's epoch is the result
+                worker.report(self.restored_metrics, None)  # (a Tune trial's, which a stopped sweep may not have saved)
             for epoch in range(self.start_epoch, last_epoch):
                 try:
                     self.run_epoch(epoch, last_epoch)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -164,11 +163,7 @@ def run_fit(fn: WorkerFn, loop_config: dict, job: JobConfig, **trainer_kwargs) -
                   LocalWorker(Path(folder), job.keep_checkpoints, job.use_gpu))
         fn(loop_config, worker)
         found = worker.checkpoints()
-        metrics = worker.metrics
-        if not metrics and found:  # nothing left to train: the latest checkpoint's metrics
-            with FitResult({}, found[-1]).checkpoint_dir() as latest:
-                metrics = json.loads((latest / "metrics.json").read_text())
-        return FitResult(metrics, found[-1] if found else None)
+        return FitResult(worker.metrics, found[-1] if found else None)
     with ray_session(paths=worker_paths(job)):
         if listed := listings():  # the workers start from the driver's listings instead of listing again
             import ray

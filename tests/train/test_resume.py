@@ -5,6 +5,7 @@ here with Ray Data ingest from Parquet, 2 workers on 2 CPUs (the setting that us
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -169,3 +170,33 @@ def test_a_deleted_newest_checkpoint_falls_back_to_the_previous_one_on_ray(workd
     with pytest.raises(ConfigError, match=r"^no checkpoint of this run is left: checkpoint_\S+, checkpoint_\S+ "
                                           r"missing from .*left; move the run's folder away"):
         forget_missing(str(workdir / "left"))
+
+
+@pytest.mark.faults  # a worker lost after its last checkpoint: the restarted group has nothing left to train
+def test_a_restart_with_nothing_left_to_train_reports_the_last_epoch_again(workdir, ray_session, tmp_path):
+    """What a Tune trial continued by a sweep's --resume meets when Tune's saved state missed its last result: the
+    restarted workers report the checkpoint's epoch (before: nothing, so Tune kept a stale result)."""
+    import ray.train
+
+    marker, seen = str(tmp_path / "lost"), tmp_path / "reports.jsonl"
+
+    def lost_after_training(config: dict, worker) -> None:  # nested: Ray pickles it by value
+        from ropim.train.driver import worker_main
+
+        worker_main(config, worker)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)  # after the last checkpoint committed
+
+    class Reports(ray.train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint) -> None:
+            with open(seen, "a") as out:
+                out.write(json.dumps({"epoch": metrics[0].get("epoch"), "loss": metrics[0].get("loss"),
+                                      "checkpoint": checkpoint is not None}) + "\n")
+
+    cfg = tiny_pretrain(run_name="lost", epochs=1, max_steps_per_epoch=2, num_workers=1, max_failures=1)
+    result = run(cfg, worker_fn=lost_after_training, callbacks=[Reports()])
+    reports = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert os.path.exists(marker) and len(reports) == 2, reports
+    assert reports[1] == {**reports[0], "checkpoint": False} and reports[0]["epoch"] == 1  # the same epoch again
+    assert result.metrics["epoch"] == 1 and result.metrics["loss"] == reports[0]["loss"] and result.model_uri
