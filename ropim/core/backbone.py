@@ -201,11 +201,13 @@ class Classifier:
 def classifier_spec(name: str, kwargs: dict, num_classes: int, img_size: int | None = None,
                     drop_path: float = 0.0) -> tuple[str, dict]:
     """(timm name, kwargs) of the classifier ``build_classifier`` makes from an encoder pair: ``num_classes`` outputs
-    (0: pooled features) at ``img_size`` (None: the encoder's); ``beit`` gets one relative position bias per block."""
+    (0: pooled features) at ``img_size`` (None: the encoder's); ``beit`` gets one relative position bias per block
+    and, with a head, the official fine-tune's mean pooling (``USE_MEAN_POOLING``: a fresh LayerNorm after pooling
+    in place of the encoder's final norm)."""
     out = {**kwargs, "img_size": img_size or kwargs["img_size"], "num_classes": num_classes,
            "drop_path_rate": drop_path}
     if backbone_of(name) == "beit":
-        out |= dict(use_rel_pos_bias=True, use_shared_rel_pos_bias=False)
+        out |= dict(use_rel_pos_bias=True, use_shared_rel_pos_bias=False, use_fc_norm=num_classes > 0)
     return name, out
 
 
@@ -239,7 +241,10 @@ def build_classifier(name: str, kwargs: dict, state: dict[str, torch.Tensor] | N
                            "(timm resample_abs_pos_embed, bicubic)")
     else:
         actions += _per_block_tables(model, state, old, new)
-    load_weights(model, state, source, optional=("head.",))
+    if ckw.get("use_fc_norm"):  # the encoder's final norm gives way to fc_norm, which starts fresh
+        state = {k: v for k, v in state.items() if not k.startswith("norm.")}
+        actions.append("mean pooling into a fresh LayerNorm (fc_norm) in place of the encoder's final norm")
+    load_weights(model, state, source, optional=("head.", "fc_norm."))
     actions.insert(0, f"encoder weights loaded into {name} at {dst}x{dst} (pretrained at {src}x{src})")
     return Classifier(model, name, ckw, tuple(actions))
 

@@ -160,6 +160,25 @@ def test_beit_classifier_resamples_the_bias_table_at_a_new_resolution():
         assert model(imgs(size=48)).shape == (2, 7)
 
 
+def test_beit_fine_tune_head_pools_into_a_fresh_norm_as_the_official_code():
+    """The official fine-tune (USE_MEAN_POOLING): the encoder's final norm dropped, the patch tokens' mean into a
+    fresh LayerNorm, then the head; pooled features (no head: kNN, probe, segmentation) keep the encoder's norm."""
+    name, kwargs = spec("beit")
+    enc = randomized(create_encoder(name, kwargs))
+    clf = build_classifier(name, kwargs, enc.state_dict(), num_classes=5)
+    model = clf.model.eval()
+    assert isinstance(model.norm, torch.nn.Identity) and clf.kwargs["use_fc_norm"]
+    assert torch.equal(model.fc_norm.weight, torch.ones(192)) and torch.equal(model.fc_norm.bias, torch.zeros(192))
+    assert "fresh LayerNorm (fc_norm)" in clf.summary()
+    with torch.no_grad():
+        tokens = model.forward_features(imgs())
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), model.fc_norm(tokens[:, 1:].mean(1)))
+        unnormed = enc.forward_intermediates(imgs(), norm=False, intermediates_only=True, output_fmt="NLC")[-1]
+        torch.testing.assert_close(tokens[:, 1:], unnormed, rtol=1e-5, atol=1e-6)  # the blocks' own output
+    features = build_classifier(name, kwargs, enc.state_dict(), num_classes=0)
+    assert not features.kwargs["use_fc_norm"] and torch.equal(features.model.norm.weight, enc.norm.weight)
+
+
 def test_vit_classifier_resamples_the_position_embedding():
     name, kwargs = spec("vit")
     enc = randomized(create_encoder(name, kwargs))

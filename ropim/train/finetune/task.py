@@ -35,12 +35,14 @@ def posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
 
 
 def train_transform(cfg: FinetuneConfig, img_size: int):
-    """The recipe's augmentation: RandomResizedCrop, flip, RandAugment, random erasing, normalisation (timm).
+    """The recipe's augmentation: RandomResizedCrop, flip, RandAugment, random erasing (per-pixel noise, as the
+    official ``AUG.REMODE``), normalisation (timm).
 
     RandAugment "inc1" at magnitude 10 (reachable with mstd noise) asks Pillow ≥ 11 to keep 0 bits, which it
     rejects: this transform's own posterize ops use ``posterize`` above (timm's table is left as it is)."""
     transform = create_transform(img_size, is_training=True, scale=(cfg.crop_scale_min, 1.0), hflip=cfg.hflip,
-                                 auto_augment=cfg.randaugment or None, re_prob=cfg.reprob, interpolation="bicubic",
+                                 auto_augment=cfg.randaugment or None, re_prob=cfg.reprob, re_mode="pixel",
+                                 interpolation="bicubic",
                                  mean=IMAGENET_MEAN, std=IMAGENET_STD)
     for t in transform.transforms:
         if isinstance(t, RandAugment):
