@@ -42,6 +42,7 @@ from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
 from ropim.console import eta_text
 from ropim.seeds import derived_seed
+from ropim.train.batch_wait import STALLED, waits_said
 from ropim.train.checkpoint import UNRECORDED, NoRoom, folder_bytes, full, restore, room_note, save_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
@@ -142,7 +143,8 @@ class Loop:
         at the first step some worker lacks the data for (``next_step``)."""
         cfg, worker, device = self.cfg, self.worker, self.worker.device
         tally, t0 = EpochTally(*(torch.zeros((), device=device) for _ in range(3))), time.perf_counter()
-        batches = self.data.batches(epoch)
+        batches = waits_said(self.data.batches(epoch), lambda waited: f"[{cfg.kind}] worker {worker.rank}: no batch "
+                             f"for {waited:.0f} s (epoch {epoch + 1}, step {self.step + 1}): {STALLED}")
         for _ in range(self.steps):
             micro = self.next_step(batches, tally, epoch)
             if micro is None:
@@ -179,9 +181,8 @@ class Loop:
 
     def next_step(self, batches: Iterator, tally: EpochTally, epoch: int) -> list | None:
         """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's
-        data ends before them (Ray Data's equal split can leave a worker fewer batches, e.g. after skipped bad
-        images). Fetched before any is computed, so an unfinished step leaves no gradient behind, and no worker
-        waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped with a log line."""
+        data ends before them. Fetched before any is computed, so an unfinished step leaves no gradient behind and no
+        worker waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped (one line)."""
         k, t_wait = self.cfg.accum, time.perf_counter()
         micro = []
         while len(micro) < k and (batch := next(batches, END)) is not END:
