@@ -68,6 +68,9 @@ CASES = {  # id: (argv, what the one line must name)
         (*FT, "--mixup", "0.8", "--num_workers", "8", "--min_workers", "4", "--batch_size", "96",
          "--wait_for_resources", "true"),
         "even micro batch per worker (here 19 on 5 workers, a count an elastic restart"),
+    "odd Mixup micro batch from accumulation": ((*FT, "--mixup", "0.8", "--num_workers", "2", "--batch_size", "12",
+                                                 "--accum_steps", "2"),
+                                                "even micro batch per worker (here 3 on 2 workers)"),
     "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
                                  "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
@@ -144,6 +147,8 @@ CASES = {  # id: (argv, what the one line must name)
     "segment from a classifier": ((*SEG[:-1], "clf"), "this is a classifier, where encoder weights are expected"),
     "segment one image per worker": ((*SEG, "--batch_size", "2", "--num_workers", "2"),
                                      "needs at least 2 images per worker"),
+    "segment one image per micro batch": ((*SEG, "--batch_size", "8", "--num_workers", "2", "--accum_steps", "4"),
+                                          "over num_workers=2 × accum_steps=4"),
     "probe k zero": (("probe", "--encoder", "ENC", "--knn_k", "0"), "knn_k=0"),
     "empty kNN bank": ((*PRE, "--eval_train_images", "0"), "eval_train_images=0: must be an integer ≥ 1 (or null)"),
     # a kNN's k above the images it searches would be capped, under a protocol name (k=…) that is false

@@ -53,8 +53,9 @@ class JobConfig:
     RULES: ClassVar[dict[str, Rule]] = {
         "epochs": COUNT, "min_lr": NON_NEGATIVE, "warmup_epochs": NON_NEGATIVE, "weight_decay": NON_NEGATIVE,
         "clip_grad": Range(0, low_open=True, optional=True), "num_workers": Range(0, integer=True),
-        "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT, "keep_checkpoints": COUNT,
-        "max_failures": Range(-1, integer=True), "stop_after_epochs": Range(1, integer=True, optional=True),
+        "accum_steps": COUNT, "cpus_per_worker": POSITIVE, "seed": SEED, "checkpoint_every": COUNT,
+        "keep_checkpoints": COUNT, "max_failures": Range(-1, integer=True),
+        "stop_after_epochs": Range(1, integer=True, optional=True),
         "max_steps_per_epoch": Range(1, integer=True, optional=True), "log_every": COUNT, "max_skipped_steps": COUNT,
         "dataloader_workers": Range(0, integer=True), "precision": OneOf(("auto", "fp32", "bf16", "fp16")),
         "adamw": OneOf(("default", "foreach", "fused")),
@@ -91,6 +92,8 @@ class JobConfig:
     """where the images come from and how they are split (``--data.*``)"""
     epochs: int = 10
     """epochs of the whole run (the schedule spans them; ``stop_after_epochs`` stops earlier)"""
+    accum_steps: int = 1
+    """gradient accumulation: micro batch per worker = the global batch / (num_workers × accum_steps)"""
     min_lr: float = 1e-6
     """the learning rate the schedule decays to"""
     warmup_epochs: float = 1.0
@@ -160,11 +163,6 @@ class JobConfig:
         return getattr(self, self.BATCH)
 
     @property
-    def accum(self) -> int:
-        """Micro batches per optimizer step (gradient accumulation)."""
-        return getattr(self, "accum_steps", 1)
-
-    @property
     def lr(self) -> float:
         """The peak learning rate (a job's field, or its rule from a base rate and the batch)."""
         raise NotImplementedError(f"{type(self).__name__} gives no learning rate")
@@ -198,9 +196,9 @@ class JobConfig:
         check_run_name(self.run_name)
         check_mlflow_names(self.experiment, self.registered_model)
         workers = max(1, self.num_workers)
-        if self.batch % (workers * self.accum):
+        if self.batch % (workers * self.accum_steps):
             parts = [f"num_workers={self.num_workers}"] * bool(self.num_workers) + \
-                [f"accum_steps={self.accum}"] * hasattr(self, "accum_steps")
+                [f"accum_steps={self.accum_steps}"] * (self.accum_steps > 1)
             raise ConfigError(f"{self.BATCH}={self.batch} is not divisible by {' × '.join(parts)}")
         if self.min_lr > self.lr:
             raise ConfigError(f"min_lr={self.min_lr} is above the peak learning rate {self.lr:.3g}: the schedule would "
@@ -234,10 +232,10 @@ class JobConfig:
         if not Range(1, self.num_workers, integer=True).holds(self.min_workers):
             raise ConfigError(f"min_workers={self.min_workers!r}: must be an integer in [1, num_workers="
                               f"{self.num_workers}] (or null: always num_workers)")
-        if self.batch % (self.min_workers * self.accum):
+        if self.batch % (self.min_workers * self.accum_steps):
             raise ConfigError(f"min_workers={self.min_workers}: the global batch of {self.batch} is not divisible by "
-                              f"min_workers={self.min_workers}" + (f" × accum_steps={self.accum}" if self.accum > 1
-                                                                   else "")
+                              f"min_workers={self.min_workers}" + (f" × accum_steps={self.accum_steps}"
+                                                                   if self.accum_steps > 1 else "")
                               + ", the worker count an elastic restart may fall back to")
 
     def check_resources(self) -> None:

@@ -116,7 +116,7 @@ class Loop:
         self.ddp_model = worker.prepare(self.model)
         if cfg.compile:  # the task's loss calls it; evaluation and checkpoints use the plain model
             self.ddp_model = torch.compile(self.ddp_model)
-        self.data = task.data(worker, cfg.batch // (worker.world * cfg.accum))
+        self.data = task.data(worker, cfg.batch // (worker.world * cfg.accum_steps))
         listed = worker.gather(torch.tensor([self.data.steps], dtype=torch.float64))  # every worker's count
         self.steps = cfg.steps_per_epoch(int(listed.min()))  # the same on every worker: so are the schedule and ETA
         if self.steps < 1:
@@ -151,13 +151,13 @@ class Loop:
                 break
             self.task.before_step(self.step)
             for i, batch in enumerate(micro):
-                sync = i + 1 == cfg.accum or worker.world == 1
+                sync = i + 1 == cfg.accum_steps or worker.world == 1
                 no_sync = self.ddp_model.no_sync() if not sync else contextlib.nullcontext()
                 with no_sync, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                     loss, n = self.task.loss(self.ddp_model, batch, self.step)
-                    scaled = loss / cfg.accum
+                    scaled = loss / cfg.accum_steps
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                tally.loss_sum += loss.detach().float() / cfg.accum
+                tally.loss_sum += loss.detach().float() / cfg.accum_steps
                 tally.images += n
             self.apply(tally, loss, epoch)
             self.step += 1
@@ -183,7 +183,7 @@ class Loop:
         """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's
         data ends before them. Fetched before any is computed, so an unfinished step leaves no gradient behind and no
         worker waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped (one line)."""
-        k, t_wait = self.cfg.accum, time.perf_counter()
+        k, t_wait = self.cfg.accum_steps, time.perf_counter()
         micro = []
         while len(micro) < k and (batch := next(batches, END)) is not END:
             micro.append(batch)

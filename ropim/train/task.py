@@ -230,7 +230,7 @@ class Task(ABC):
             sampler.set_epoch(epoch)
             return iter(loader)
 
-        return EpochData(batches, len(loader) // cfg.accum, stats or {})
+        return EpochData(batches, len(loader) // cfg.accum_steps, stats or {})
 
 
 class EncoderTask(Task):

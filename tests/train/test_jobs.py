@@ -26,9 +26,11 @@ from ropim.train.pretrain.config import PretrainConfig
 BEFORE = json.loads(Path(__file__).with_name("jobs_before.json").read_text())
 # fields added since, on purpose, with defaults that keep the old behaviour: pretraining's DataLoader processes;
 # every job's data.follow_links (links out of an ImageFolder or a folder pair's root stay unfollowed); the kNN /
-# probe evaluation's train sample of pretraining and graft (None: the whole train split)
+# probe evaluation's train sample of pretraining and graft (None: the whole train split); fine-tuning's and
+# segmentation's gradient accumulation (1: none), which pretraining and graft had
 ADDED = {name: {"data.follow_links": False, **({"dataloader_workers": 0} if name == "pretrain" else {}),
-                **({"eval_train_images": None} if name in ("pretrain", "graft") else {})}
+                **({"eval_train_images": None} if name in ("pretrain", "graft") else {}),
+                **({"accum_steps": 1} if name in ("finetune", "segment") else {})}
          for name in BEFORE}
 
 

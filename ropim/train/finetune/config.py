@@ -49,7 +49,7 @@ class FinetuneConfig(TransferJob):
             return
         workers = max(1, self.num_workers)
         for count in range(min(self.min_workers or workers, workers), workers + 1):
-            micro = self.batch_size // (count * self.accum)
+            micro = self.batch_size // (count * self.accum_steps)
             if micro % 2:
                 where = "" if count == workers else ", a count an elastic restart (min_workers) may fall back to"
                 raise ConfigError(f"batch_size={self.batch_size}: Mixup/CutMix needs an even micro batch per worker "

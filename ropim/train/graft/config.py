@@ -22,8 +22,7 @@ class GraftConfig(EncoderJob, FrozenEvalJob):
 
     NAME = "graft"
     RULES = {**EncoderJob.RULES, **FrozenEvalJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT,
-             "accum_steps": COUNT, "beta2": Range(0, 1, high_open=True),
-             "lower_blocks": Range(0, integer=True, optional=True),
+             "beta2": Range(0, 1, high_open=True), "lower_blocks": Range(0, integer=True, optional=True),
              "lower_lr_ratio": Range(0, 1, low_open=True), "temperature": POSITIVE,
              "momentum": Range(0, 1, high_open=True), "proj_dim": COUNT, "mlp_dim": COUNT,
              "crop_min": Range(0, 1, low_open=True), "drop_path": Range(0, 1, high_open=True)}
@@ -31,8 +30,6 @@ class GraftConfig(EncoderJob, FrozenEvalJob):
 
     global_batch_size: int = 128
     """images (pairs of views) per optimizer step over all workers"""
-    accum_steps: int = 1
-    """gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)"""
     base_lr: float = 1.5e-4
     """upper blocks' lr = base_lr × global_batch_size / 256 (MoCo v3's rule)"""
     min_lr: float = 0.0

@@ -19,7 +19,7 @@ class PretrainConfig(FrozenEvalJob):
     """Everything one pretraining run needs; ``ropim pretrain --help`` lists it."""
 
     NAME = "pretrain"
-    RULES = {**FrozenEvalJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT, "accum_steps": COUNT,
+    RULES = {**FrozenEvalJob.RULES, "base_lr": POSITIVE, "global_batch_size": COUNT,
              "beta2": Range(0, 1, high_open=True), "viz_every": Range(0, integer=True),
              "ingest": OneOf(("torch", "ray_data"))}
     RESUMABLE = (*FrozenEvalJob.RESUMABLE, "eval_async")
@@ -28,8 +28,6 @@ class PretrainConfig(FrozenEvalJob):
     """the encoder, its corruption and its loss (``--model.*``)"""
     global_batch_size: int = 128
     """images per optimizer step over all workers"""
-    accum_steps: int = 1
-    """gradient accumulation: micro batch = global_batch_size / (num_workers × accum_steps)"""
     base_lr: float = 1e-3
     """lr = base_lr × global_batch_size / 512"""
     beta2: float = 0.95

@@ -67,9 +67,10 @@ class SegmentConfig(TransferJob):
         if self.eval_mode == "slide" and self.eval_stride is not None and self.eval_stride > self.crop_size:
             raise ConfigError(f"eval_stride={self.eval_stride} > crop_size={self.crop_size}: the sliding windows would "
                               "skip the pixels between them; give eval_stride ≤ crop_size (None: 2/3 of it)")
-        if self.batch_size // max(1, self.num_workers) < 2:
-            raise ConfigError(f"batch_size={self.batch_size}: needs at least 2 images per worker (batch norm in the "
-                              f"decoder) and must divide by num_workers={self.num_workers}")
+        if self.batch_size // (max(1, self.num_workers) * self.accum_steps) < 2:
+            raise ConfigError(f"batch_size={self.batch_size}: needs at least 2 images per worker and micro batch "
+                              f"(batch norm in the decoder) over num_workers={self.num_workers} × accum_steps="
+                              f"{self.accum_steps}")
 
     def check_encoder(self, uri: str, config: dict) -> None:
         """The encoder (its ``config.json``) takes RGB images and its patch size divides the crop: one error naming
