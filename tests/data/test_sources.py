@@ -317,6 +317,12 @@ def test_hugging_face_parquet_images_and_class_labels_are_read(tmp_path):
     src = open_source(DataConfig(str(tmp_path / "data")))
     assert src.own_split and src.classes == ["cat", "dog", "fox"]
     assert len(src.split("train")) == 24 and len(src.split("val")) == 6
+    unlabelled = table.slice(0, 4).set_column(1, "label", pa.array([-1] * 4, pa.int64()))  # its test split
+    pq.write_table(unlabelled.replace_schema_metadata({b"huggingface": json.dumps({"info": {"features": features}})}),
+                   tmp_path / "data" / "test-00000-of-00001.parquet")
+    src = open_source(DataConfig(str(tmp_path / "data")))  # left out beside validation-*: no -1 label listed
+    assert src.classes == ["cat", "dog", "fox"] and len(src.split("train")) == 24
+    assert src.split("val").labels.tolist() == [i % 3 for i in range(24, 30)]
     ds = build_dataset(DataConfig(str(tmp_path / "data")), "val")
     assert [np.asarray(ds[i][0]).tolist() for i in range(6)] == [pixels(8, 8, i).tolist() for i in range(24, 30)]
     assert ds.bad.count == 0

@@ -97,11 +97,11 @@ def check_finished(location: str, plan: dict | None, files: set[str]) -> None:
 
 
 def split_of(file: str) -> str | None:
-    """'train' / 'val' from a shard's name (``train-00000.parquet``) or folder (``val/part-0.parquet``)."""
+    """'train' / 'val' / 'test' from a shard's name (``train-00000.parquet``) or folder (``val/part-0.parquet``)."""
     parent, name = posixpath.split(file)
     for word in (name.split(".")[0].replace("_", "-").split("-")[0], posixpath.basename(parent)):
-        if word == "train":
-            return "train"
+        if word in ("train", "test"):
+            return word
         if word in VAL_NAMES:
             return "val"
     return None
@@ -231,10 +231,14 @@ class ParquetSource(Source):
 
 
 def source(cfg: DataConfig, img_size: int = 32) -> Source:
-    """The shards, grouped by the split their names give (``img_size``: unused, transforms resize)."""
+    """The shards, grouped by the split their names give (``img_size``: unused, transforms resize). ``test-*``
+    shards are the val split only where no ``val-*`` / ``validation-*`` shard is: beside one they are a benchmark's
+    unlabelled test split (Hugging Face's ImageNet-1k: labels -1), left out."""
     fs, files = parquet_files(cfg.source)
-    by_split = {"train": [], "val": []}
+    by_split = {"train": [], "val": [], "test": []}
     for f in files:
-        by_split["val" if split_of(f) == "val" else "train"].append(f)
+        by_split[split_of(f) or "train"].append(f)
+    tests = by_split.pop("test")
+    by_split["val"] = by_split["val"] or tests
     own = bool(by_split["val"]) and bool(by_split["train"])
     return ParquetSource(NAME, cfg.source, classes_of(cfg, fs, files), cfg, {}, fs, by_split if own else {"all": files})
