@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ropim.checks import COUNT, Range, check_knn_bank
+from ropim.errors import ConfigError
 from ropim.train.job import JobConfig, dataset_name
+
+# train images a linear probe inside a job on several workers fits on at most: rank 0 fits it alone while the others
+# wait in the next collective, which Ray Train's process group ends after 30 minutes; sklearn's L-BFGS over 1,000
+# classes of 768 features makes ~1.5 MFLOP per image per iteration, so 100,000 images take minutes, 1.28 M hours
+PROBE_IMAGES = 100_000
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,18 @@ class FrozenEvalJob(JobConfig):
 
     def check_bank(self, train_items: int) -> None:
         """With evaluations, ``knn_k`` is at most the kNN's bank: the train split of ``train_items``, or its
-        ``eval_train_images`` sample."""
-        if self.eval_every:
-            sample = self.eval_train_images is not None and self.eval_train_images < train_items
-            check_knn_bank(self.knn_k, min(train_items, self.eval_train_images or train_items),
-                           f"eval_train_images={self.eval_train_images}" if sample
-                           else f"the train split of {self.data.source!r}")
+        ``eval_train_images`` sample; a linear probe on several workers fits on ``PROBE_IMAGES`` at most."""
+        if not self.eval_every:
+            return
+        bank = min(train_items, self.eval_train_images or train_items)
+        sample = self.eval_train_images is not None and self.eval_train_images < train_items
+        check_knn_bank(self.knn_k, bank, f"eval_train_images={self.eval_train_images}" if sample
+                       else f"the train split of {self.data.source!r}")
+        if self.eval_linear_probe and self.num_workers > 1 and bank > PROBE_IMAGES:
+            raise ConfigError(f"eval_linear_probe=true on {bank:,} train images: rank 0 would fit the probe alone "
+                              "while the other workers wait, past the 30 minutes after which Ray Train's process "
+                              f"group fails the run; give --eval_train_images {PROBE_IMAGES // 2} (the probe and "
+                              "kNN on a sample) or --eval_linear_probe false (and `ropim probe` on the encoder)")
 
     def scores_options(self) -> dict:
         """What this job sets of ``ropim.train.downstream.frozen_scores``' arguments: the data, k, the probe, the

@@ -39,3 +39,17 @@ def test_evaluations_beside_training_over_an_imagenet_bank_are_refused_and_the_p
     PretrainConfig(num_workers=8, epochs=300, eval_every=50).check_bank(126_689)  # ImageNet-100: beside training
     for preset in ("vit_base_in1k", "vit_small_in1k"):
         pretrain_preset(preset).check_bank(imagenet)
+
+
+@pytest.mark.parametrize("cls", [PretrainConfig, GraftConfig])
+def test_a_probe_rank_0_would_fit_past_the_process_groups_timeout_is_refused(cls):
+    """On several workers rank 0 fits the probe alone while the others wait in the next collective, which Ray Train
+    ends after 30 minutes: ImageNet's 1.28 M train images are refused, a sample or one worker is not."""
+    probing = dict(num_workers=8, eval_every=10, eval_linear_probe=True) | \
+        ({"eval_async": False} if cls is PretrainConfig else {})  # inline: the bank's rule for beside training aside
+    with pytest.raises(ConfigError, match=r"eval_linear_probe=true on 1,281,167 train images: rank 0 .* 30 minutes .* "
+                                          r"--eval_train_images 50000 .* or --eval_linear_probe false"):
+        cls(**probing).check_bank(1_281_167)
+    for fine in (dict(eval_train_images=50_000), dict(num_workers=1), dict(eval_linear_probe=False)):
+        cls(**{**probing, **fine}).check_bank(1_281_167)
+    cls(**probing).check_bank(100_000)
