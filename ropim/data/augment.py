@@ -22,8 +22,8 @@ CROP_SCALE = (0.67, 1.0)
 CROP_RATIO = (3 / 4, 4 / 3)
 EVAL_RESIZE = 256 / 224  # the evaluation's short side over its centre crop, at sizes over SMALL
 SMALL = 32  # sizes an evaluation resizes whole (the official code's CIFAR rule: no crop at 32 or less)
-_MEAN = np.array(IMAGENET_MEAN, np.float32) * 255
-_INV_STD = 1 / (np.array(IMAGENET_STD, np.float32) * 255)
+PIXEL_MEAN = np.array(IMAGENET_MEAN, np.float32) * 255  # on uint8 pixel values: (x - PIXEL_MEAN) * PIXEL_INV_STD
+PIXEL_INV_STD = 1 / (np.array(IMAGENET_STD, np.float32) * 255)
 
 
 def crop_box(width: int, height: int, uniform: Callable[[], float], scale=CROP_SCALE,
@@ -77,5 +77,5 @@ def resize(img: Image.Image, size: int) -> np.ndarray:
 
 def normalize(batch: np.ndarray) -> np.ndarray:
     """uint8 (N, H, W, 3) or (H, W, 3) → float32 (N, 3, H, W) / (3, H, W), ImageNet-normalized."""
-    x = (batch.astype(np.float32) - _MEAN) * _INV_STD
+    x = (batch.astype(np.float32) - PIXEL_MEAN) * PIXEL_INV_STD
     return np.ascontiguousarray(np.moveaxis(x, -1, -3))

@@ -4,9 +4,15 @@ Pipeline::
 
     read  ── Parquet: read_parquet(shards).select_columns(image, label[, path]), cut into 500-row blocks
           └─ ImageFolder / CIFAR / digits: from_arrow(blocks of file names or raw pixels)
-    map_batches(decode + augment + normalize)  → {"image": float32 (B, 3, H, W), "label": int64 (B,)}
+    map_batches(decode + augment)  → {"image": uint8 (B, H, W, 3), "label": int64 (B,)}
     TorchTrainer(datasets={"train": ds})  → per worker ray.train.get_dataset_shard("train")
-    iter_epoch(shard, batch_size, epoch, ...)  → (images, labels) torch batches, drop_last=True
+    iter_epoch(shard, batch_size, epoch, ...)  → (images normalized float32 (B, 3, H, W), labels) torch batches on
+                                                the worker's device, drop_last=True
+
+**Pixels travel as uint8.** The object store, the shuffle buffers and the copy to the GPU carry a quarter of
+float32's bytes (a 224² image: 150,528 B, not 602,112 B; ImageNet-1k's epoch: 193 GB, not 771 GB); ``iter_epoch``
+normalizes on the worker's device, with the same float32 arithmetic as ``ropim.data.augment.normalize``, so the
+values are the ones the DataLoader path gives.
 
 **Resources — the 2-CPU hang.** Ray Train reserves its workers' CPUs before Ray Data schedules anything.
 With the default 1 CPU per worker, 2 workers on a 2-CPU machine leave no CPU for the read/decode tasks and the
@@ -52,8 +58,8 @@ import ray.data
 from ray.data import FileShuffleConfig, RandomSeedConfig
 
 from ropim.data import footers
+from ropim.data.augment import PIXEL_INV_STD, PIXEL_MEAN, resize
 from ropim.data.augment import augment as augment_image
-from ropim.data.augment import normalize, resize
 from ropim.data.config import DataConfig
 from ropim.data.decode import DEFAULT_MAX_PIXELS, BadImages, try_decode
 from ropim.data.formats.common import in_val
@@ -143,7 +149,7 @@ def decode_batch(batch: dict[str, np.ndarray], *, img_size: int, augment: bool, 
         labels.append(batch["label"][i])
     if bad_paths and counter is not None:
         ray.get(counter.add.remote(bad_paths))  # rare; waiting keeps the count current for the reader
-    out = normalize(np.stack(images)) if images else np.zeros((0, 3, img_size, img_size), np.float32)
+    out = np.stack(images) if images else np.zeros((0, img_size, img_size, 3), np.uint8)
     return {"image": out, "label": np.asarray(labels, dtype=np.int64)}
 
 
@@ -167,7 +173,7 @@ def _memory_blocks(images, shuffle_seed: int | None) -> list[pa.Table]:
 def build_ray_dataset(cfg: DataConfig, split: str, img_size: int = 32, *, augment: bool | None = None,
                       shuffle_seed: int | None = 0, bad_images=None, map_batch_size: int = 64,
                       num_cpus: float = DECODE_TASK_CPUS) -> ray.data.Dataset:
-    """``split`` of the source as a Ray Dataset of {"image": float32 (B, 3, H, W) normalized, "label": int64}.
+    """``split`` of the source as a Ray Dataset of {"image": uint8 (B, H, W, 3), "label": int64}.
 
     ``augment`` (default: split == "train") applies the paper's crop + flip (``ropim.augment``, the same as
     ``pretrain_transform``), else a resize as ``eval_transform``. ``shuffle_seed``: per-epoch seeded input
@@ -220,20 +226,24 @@ def quiet(context: ray.data.DataContext) -> None:
 
 def iter_epoch(shard, batch_size: int, epoch: int, *, seed: int = 0, rank: int = 0,
                shuffle_buffer: int | None = None, device="auto") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of (images, labels) torch batches from ``ray.train.get_dataset_shard(...)`` (or any Dataset).
+    """One epoch of (images: normalized float32 (B, 3, H, W), labels) torch batches from
+    ``ray.train.get_dataset_shard(...)`` (or any Dataset of ``build_ray_dataset``).
 
     ``drop_last=True``; rows mixed in a local buffer of ``shuffle_buffer`` rows (default 4 × batch_size,
     0 = off) seeded by ``ropim.seeds.derived_seed(seed, epoch, rank)``. ``device="auto"`` puts batches on the Train
-    worker's device.
+    worker's device, where their uint8 pixels are normalized.
     """
     import torch
 
     buffer = 4 * batch_size if shuffle_buffer is None else shuffle_buffer
     batches = shard.iter_torch_batches(
         batch_size=batch_size, drop_last=True, device=device,
-        dtypes={"image": torch.float32, "label": torch.int64},
+        dtypes={"image": torch.uint8, "label": torch.int64},
         local_shuffle_buffer_size=buffer or None,
         local_shuffle_seed=derived_seed(seed, epoch, rank) % 2**32 if buffer else None,
     )
+    mean, inv_std = (torch.from_numpy(v).view(1, 3, 1, 1) for v in (PIXEL_MEAN, PIXEL_INV_STD))
     for batch in batches:
-        yield batch["image"], batch["label"]
+        pixels = batch["image"].permute(0, 3, 1, 2)  # uint8 (B, 3, H, W), a view
+        on = pixels.device
+        yield ((pixels.float() - mean.to(on)) * inv_std.to(on)).contiguous(), batch["label"]
