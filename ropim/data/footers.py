@@ -1,24 +1,47 @@
 """Parquet shards read through one door: each file's footer (schema, row groups, row count) is read once per process
 and kept, keyed by the file's size and modification time (a file written again is read again); column reads reuse
 it (``pq.ParquetFile(..., metadata=...)``), so a job reads every footer once, however many times its sources are
-opened, checked, listed and evaluated. pyarrow only.
+opened, checked, listed and evaluated. Inside ``pinned()`` (a job's one listing of its data) a footer read once
+stands without asking the storage whether its file changed: on S3 that question is a request per call and shard.
+pyarrow only.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 FOOTERS: dict[tuple, pq.FileMetaData] = {}  # (filesystem kind, path, size, mtime) -> footer
+LATEST: dict[tuple, pq.FileMetaData] = {}  # (filesystem kind, path) -> the footer read last
+PINNED = [0]  # ``pinned`` blocks open in this process
+
+
+@contextlib.contextmanager
+def pinned() -> Iterator[None]:
+    """Within the block, ``footer`` gives a file's footer read in it before without checking the file again (the
+    outermost block starts from nothing: what an earlier job of this process read is checked once more)."""
+    if not PINNED[0]:
+        LATEST.clear()
+    PINNED[0] += 1
+    try:
+        yield
+    finally:
+        PINNED[0] -= 1
 
 
 def footer(fs: pafs.FileSystem, path: str) -> pq.FileMetaData:
     """The footer of ``path`` on ``fs``, read once while the file stays the same."""
+    if PINNED[0] and (known := LATEST.get((fs.type_name, path))) is not None:
+        return known
     info = fs.get_file_info(path)
     key = (fs.type_name, path, info.size, info.mtime_ns)
     if key not in FOOTERS:
         FOOTERS[key] = pq.read_metadata(path, filesystem=fs)
+    LATEST[key[:2]] = FOOTERS[key]
     return FOOTERS[key]
 
 

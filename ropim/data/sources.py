@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from ropim.data import footers
 from ropim.data.decode import none_decode, undecodable
 from ropim.data.formats import ade20k, cifar, digits, imagefolder, pairs, parquet
 from ropim.data.formats.common import CLASSIFY, SEGMENT, Source, split_indices
@@ -115,7 +116,8 @@ def one_listing(listed: dict[tuple, Source] | None = None) -> Iterator[None]:
         return
     LISTED = dict(listed or {})
     try:
-        yield
+        with footers.pinned():  # the shards as listed: their footers are not checked again on every use
+            yield
     finally:
         LISTED = None
 

@@ -55,3 +55,31 @@ def test_a_shard_written_again_is_read_again(tmp_path, footer_reads):
     assert footers.num_rows(fs, path) == footers.num_rows(fs, path) == 2 and footer_reads["s.parquet"] == 1
     pq.write_table(pa.table({"label": [0, 1, 2]}), path)
     assert footers.num_rows(fs, path) == 3 and footer_reads["s.parquet"] == 2
+
+
+def test_inside_a_jobs_listing_a_footer_is_checked_once_not_at_every_use(tmp_path, footer_reads):
+    """On S3 each check of a shard is a request: 1,332 ImageNet shards checked at every open, listing and evaluation
+    took minutes. Inside ``one_listing`` (a job, on its driver and each worker) a shard is checked once; the next
+    job checks it again, and reads it again when it was written again."""
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    from ropim.data.sources import one_listing
+
+    checks = collections.Counter()
+
+    class Counted(pafs.FSSpecHandler):
+        def get_file_info(self, paths):
+            checks.update(paths)
+            return super().get_file_info(paths)
+
+    fs, path = pafs.PyFileSystem(Counted(fsspec.filesystem("file"))), str(tmp_path / "s.parquet")
+    pq.write_table(pa.table({"label": [0, 1]}), path)
+    with one_listing():
+        assert [footers.num_rows(fs, path) for _ in range(3)] == [2, 2, 2]
+    assert checks[path] == 1 and footer_reads["s.parquet"] == 1
+    pq.write_table(pa.table({"label": [0, 1, 2]}), path)
+    with one_listing():  # the next job
+        assert [footers.num_rows(fs, path) for _ in range(2)] == [3, 3]
+    assert checks[path] == 2 and footer_reads["s.parquet"] == 2
