@@ -183,15 +183,15 @@ class Loop:
         """The ``accum_steps`` micro batches of the next optimizer step, or None on every worker when some worker's
         data ends before them. Fetched before any is computed, so an unfinished step leaves no gradient behind and no
         worker waits in DDP's all-reduce for one that ran out; a step some worker had part of is dropped (one line)."""
-        k, t_wait = self.cfg.accum_steps, time.perf_counter()
-        micro = []
+        k, t_wait, micro = self.cfg.accum_steps, time.perf_counter(), []
         while len(micro) < k and (batch := next(batches, END)) is not END:
             micro.append(batch)
         tally.wait_s += time.perf_counter() - t_wait
-        counts = [int(c) for c in self.worker.gather(torch.tensor([len(micro)], dtype=torch.float64))[:, 0]]
-        if min(counts) == k:
+        mine = torch.tensor([len(micro)], dtype=torch.float64)
+        if (total := int(self.worker.summed(mine)[0])) == k * self.worker.world:  # one value over the wire a step
             return micro
-        if self.worker.rank == 0 and max(counts) > 0:
+        counts = [int(c) for c in self.worker.gather(mine)[:, 0]]  # the data ended on some worker: which had what
+        if self.worker.rank == 0 and total > 0:
             log.info(f"[{self.cfg.kind}] epoch {epoch + 1}: the data ended inside step {self.step + 1} (micro batches "
                      f"per worker {counts}, accum_steps {k}): that step is dropped on every worker, no gradient "
                      f"applied; the epoch ends after {tally.steps} of {self.steps} steps")
