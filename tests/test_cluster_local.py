@@ -44,6 +44,21 @@ def test_short_shipped_secret_is_refused(tmp_path):
         mlflow_auth.main(["secrets", str(shipped)])
 
 
+def test_a_ray_token_at_its_own_path_is_made_private_there(tmp_path, monkeypatch):
+    """``RAY_AUTH_TOKEN_PATH`` naming a file not made yet: before, `ray get-auth-token --generate` wrote
+    ``~/.ray/auth_token`` instead and cluster-up stopped with "no Ray token file"."""
+    from ropim.cluster.local import ensure_ray_token
+
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    s = Settings.from_env({"CLUSTER_DIR": str(tmp_path), "RAY_AUTH_TOKEN_PATH": str(tmp_path / "ray" / "token")})
+    ensure_ray_token(s)
+    token = s.token_file.read_text()
+    assert mode(s.token_file) == 0o600 and mode(s.token_file.parent) == 0o700 and len(token.strip()) >= 32
+    s.token_file.chmod(0o644)  # one ray.init made earlier
+    ensure_ray_token(s)
+    assert s.token_file.read_text() == token and mode(s.token_file) == 0o600  # kept: running clusters use it
+
+
 def test_config_is_private_and_the_same_as_deploy_k8s(tmp_path):
     path = tmp_path / "basic_auth.ini"
     mlflow_auth.main(["config", str(path), "--database-uri", "sqlite:////x/auth.db"])

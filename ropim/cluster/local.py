@@ -129,16 +129,12 @@ def mlflow_auth_status(s: Settings) -> tuple[int, int | str]:
 
 def ensure_ray_token(s: Settings) -> None:
     """``ray start`` turns token auth on only when a token already exists (unlike ``ray.init`` it never makes one),
-    so on a fresh machine it would open the job API to anyone: make sure there is one, mode 0600."""
-    made = subprocess.run([str(s.bin / "ray"), "get-auth-token", "--generate"], umask=0o077,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if made.returncode != 0:
-        raise ClusterError(f"could not create a Ray auth token ({s.token_file})")
+    so on a fresh machine it would open the job API to anyone: a token from the environment (``RAY_AUTH_TOKEN``), or
+    the one in ``token_file``, made here (random, mode 0600) when there is none. ``ray get-auth-token --generate``
+    writes ``~/.ray/auth_token`` only, whatever ``RAY_AUTH_TOKEN_PATH`` says."""
     if os.environ.get("RAY_AUTH_TOKEN") and not s.token_file.exists():
         return  # the token comes from the environment
-    if not s.token_file.exists():
-        raise ClusterError(f"no Ray token file at {s.token_file} after ray get-auth-token --generate")
-    s.token_file.chmod(0o600)  # a token made earlier (ray.init) may be readable by others
+    mlflow_auth.ensure_secret(s.token_file)  # one made earlier (ray.init) may be readable by others: 0600 now
 
 
 def prepare_mlflow_auth(s: Settings) -> None:
