@@ -13,10 +13,13 @@ WINDOW = 2  # blocks whose items are shuffled together; a reading process holds 
 HOLDING_SHARE = 0.25  # of a node's memory: the most the shards its reading processes keep may take, unwarned
 
 
-def mixing_note(dataset: object) -> str | None:
+RAY_DATA_READING = "Ray Data mixes each batch from a few 500-row pieces of shards"  # ``ropim.data.ingest``
+
+
+def mixing_note(dataset: object, reading: str = f"training reads {WINDOW} shards at a time") -> str | None:
     """A warning when a labelled split read in blocks (``blocks()``, ``labels``, ``classes``: an ``ImageList`` or a
-    dataset of one) holds few of its classes in each (shards written in class order): ``BlockSampler``'s batches,
-    drawn from a window of blocks, would hold few classes; else None."""
+    dataset of one) holds few of its classes in each (shards written in class order): batches drawn from a window of
+    blocks (``BlockSampler``'s, or as ``reading`` says) would hold few classes; else None."""
     blocks, labels = getattr(dataset, "blocks", lambda: None)(), getattr(dataset, "labels", None)
     if blocks is None or labels is None or len(dataset.classes) < 2:
         return None
@@ -25,7 +28,7 @@ def mixing_note(dataset: object) -> str | None:
     if median >= 0.5:
         return None
     return (f"the Parquet shards hold few classes each (median {100 * median:.0f}% of the classes a shard of its size "
-            f"could hold): training reads {WINDOW} shards at a time, so its batches would hold few classes; rewrite "
+            f"could hold): {reading}, so its batches would hold few classes; rewrite "
             "them with `ropim data convert` (it shuffles the images over the shards)")
 
 

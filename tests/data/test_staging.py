@@ -4,6 +4,7 @@ again, and pairs stay pairs."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -166,3 +167,16 @@ def test_inspect_says_what_a_loader_process_keeps(class_ordered):
     assert info["shards"]["train"] == 4 and 0.9 * held <= info["shards"]["kept_bytes"] <= 1.1 * held
     kept = info["shards"]["kept_bytes"] / 2**20
     assert f"shards      train 4; a loader process keeps up to 4 of them: {kept:,.1f} MiB" in format_summary(info)
+
+
+def test_ray_data_pretraining_on_class_ordered_shards_says_so_before_it_trains(class_ordered, ray_session, caplog):
+    """The note the DataLoader path gave, now for Ray Data too: its batches mix a few 500-row pieces of shards."""
+    from ropim.train.pretrain.config import PretrainConfig
+    from ropim.train.pretrain.task import PretrainTask
+
+    cfg = PretrainConfig(data=DataConfig(str(class_ordered)), ingest="ray_data")
+    with caplog.at_level(logging.WARNING, logger="ropim.train"):
+        inputs, datasets = PretrainTask.inputs(cfg)
+    notes = [r.getMessage() for r in caplog.records if "few classes each" in r.getMessage()]
+    assert 0 < inputs["n_train"] < 120 and "train" in datasets  # the seeded val fraction aside
+    assert len(notes) == 1 and "Ray Data mixes each batch from a few 500-row pieces of shards" in notes[0]

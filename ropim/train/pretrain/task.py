@@ -20,8 +20,9 @@ import torch
 from timm.optim import create_optimizer_v2
 
 from ropim.core.model import ROPIM
+from ropim.data.blocks import RAY_DATA_READING, mixing_note
 from ropim.data.datasets import build_dataset, pretrain_transform, validation_images
-from ropim.data.sources import count_images
+from ropim.data.sources import count_images, open_source
 from ropim.errors import first_line
 from ropim.seeds import derived_seed
 from ropim.tracking import store
@@ -78,6 +79,8 @@ class PretrainTask(Task):
         n_train = count_images(cfg.data, "train")
         if cfg.ingest != "ray_data":
             return {"n_train": n_train}, None
+        if note := mixing_note(open_source(cfg.data).split("train"), RAY_DATA_READING):  # the listing counted
+            log.warning(f"[pretrain] {note}")
         from ropim.data.ingest import build_ray_dataset, new_bad_image_counter
 
         counter = new_bad_image_counter()
