@@ -51,14 +51,23 @@ def seg_eval_transform(crop: int) -> v2.Compose:
 
 
 class EvalResize(torch.nn.Module):
-    """The image's shorter side to ``size`` (bilinear, antialiased); the label map untouched."""
+    """The image's shorter side to ``size`` (bilinear, antialiased), its longer side at most ``LONG_SIDE`` × ``size``
+    (mmseg's test ``Resize((2048, 512), keep_ratio=True)``: an image over 4:1 is scaled by its longer side); the label
+    map untouched."""
+
+    LONG_SIDE = 4
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
     def forward(self, image: tv_tensors.Image, mask: tv_tensors.Mask) -> tuple[tv_tensors.Image, tv_tensors.Mask]:
-        if min(image.shape[-2:]) == self.size:
+        h, w = image.shape[-2:]
+        if max(h, w) > self.LONG_SIDE * min(h, w):
+            f = self.LONG_SIDE * self.size / max(h, w)
+            return v2.functional.resize(image, [max(1, int(h * f + 0.5)), max(1, int(w * f + 0.5))],
+                                        antialias=True), mask
+        if min(h, w) == self.size:
             return image, mask
         return v2.functional.resize(image, self.size, antialias=True), mask
 

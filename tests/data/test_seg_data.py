@@ -102,6 +102,22 @@ def test_train_transform_moves_image_and_mask_together_and_pads_with_ignore():
     assert x.shape == (3, 16, 16) and y.shape == (32, 32)  # the labels keep their size for the metrics
 
 
+def test_evaluation_resize_caps_the_longer_side_as_mmseg():
+    """mmseg's test Resize((2048, 512), keep_ratio): the shorter side to the crop, the longer at most 4 crops."""
+    from torchvision import tv_tensors
+
+    from ropim.data.seg_datasets import EvalResize
+
+    def resized(h: int, w: int) -> tuple[int, int]:
+        image, mask = tv_tensors.Image(torch.zeros(3, h, w)), tv_tensors.Mask(torch.zeros(h, w))
+        out, kept = EvalResize(64)(image, mask)
+        assert kept.shape == (h, w)
+        return tuple(out.shape[-2:])
+
+    assert resized(100, 200) == (64, 128) and resized(300, 150) == (128, 64) and resized(64, 256) == (64, 256)
+    assert resized(100, 1000) == (26, 256) and resized(2000, 100) == (256, 13)  # over 4:1: the longer side to 256
+
+
 def test_convert_writes_parquet_shards_holding_the_same_pairs(tmp_path):
     write_ade20k(tmp_path / "ade", n_train=3, n_val=2)
     proc = run_cli("data", "convert", "ade", "shards", "--task", "segment", "--shard-size", "2", cwd=tmp_path)
