@@ -89,12 +89,12 @@ def show(model_uri: str, uri: str | None = None) -> str:
     if name is None:
         raise LookupError(f"{model_uri}: give models:/name/version or models:/name@alias")
     mv = client(uri).get_model_version(name, version)
-    folder = local_copy(f"models:/{name}/{version}", kind_of(mv.tags or {}), uri)
-    found = next(folder.rglob("config.json"), None)
-    if found is None:
-        raise LookupError(f"{model_uri}: not a ropim model (version {version} of {name!r} holds no config.json); "
-                          "`ropim models show` reads ropim's encoders, classifiers and segmenters")
-    config = json.loads(found.read_text())
+    with local_copy(f"models:/{name}/{version}", kind_of(mv.tags or {}), uri) as folder:
+        found = next(folder.rglob("config.json"), None)
+        if found is None:
+            raise LookupError(f"{model_uri}: not a ropim model (version {version} of {name!r} holds no config.json); "
+                              "`ropim models show` reads ropim's encoders, classifiers and segmenters")
+        config = json.loads(found.read_text())
     aliases = aliases_of(name, uri).get(str(version), [])
     head = f"aliases: {', '.join(aliases) or '—'}\n\n"
     return head + card(name, version, config, mv.tags or {}, lineage(mv, uri))

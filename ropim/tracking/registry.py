@@ -237,26 +237,33 @@ def check_model_uri(model_uri: str, kind: str = "encoder", uri: str | None = Non
     return None
 
 
-def local_copy(model_uri: str, kind: str, uri: str | None) -> Path:
-    """A local folder holding the model at ``model_uri``; one clear error naming the URI when there is none."""
+@contextlib.contextmanager
+def local_copy(model_uri: str, kind: str, uri: str | None) -> Iterator[Path]:
+    """A local folder holding the model at ``model_uri`` while the block runs: a download goes into a temporary folder
+    removed after it (each worker of each job that reads a registered ViT-B left ~350 MB in the temp folder); one
+    clear error naming the URI when there is none."""
     local = check_model_uri(model_uri, kind, uri)
     if local is not None:
-        return local
-    try:
-        return Path(mlflow.artifacts.download_artifacts(model_uri))
-    except (mlflow.exceptions.MlflowException, OSError) as err:
-        msg = getattr(err, "message", str(err)).splitlines()[0]
-        raise FileNotFoundError(f"{kind} {model_uri}: cannot download it ({msg})") from None
+        yield local
+        return
+    with tempfile.TemporaryDirectory(prefix="ropim-model-") as tmp:
+        try:
+            folder = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=tmp))
+        except (mlflow.exceptions.MlflowException, OSError) as err:
+            msg = getattr(err, "message", str(err)).splitlines()[0]
+            raise FileNotFoundError(f"{kind} {model_uri}: cannot download it ({msg})") from None
+        yield folder
 
 
 def load_model_files(model_uri: str, uri: str | None = None, kind: str = "encoder") -> tuple[dict[str, torch.Tensor],
                                                                                           dict]:
     """(state dict, config) of a ``kind`` ('encoder' / 'classifier') at a ``models:/…``, ``runs:/…`` URI or a
     local folder holding ``<kind>.safetensors`` + ``config.json``."""
-    weights, cfg_file = model_files(local_copy(model_uri, kind, uri), kind, model_uri)
     from safetensors.torch import load_file  # torch only when a model is read
 
-    return load_file(str(weights)), json.loads(cfg_file.read_text())
+    with local_copy(model_uri, kind, uri) as folder:
+        weights, cfg_file = model_files(folder, kind, model_uri)
+        return load_file(str(weights)), json.loads(cfg_file.read_text())
 
 
 def load_encoder_files(model_uri: str, uri: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:

@@ -8,14 +8,16 @@ concurrent use, an MLflow server on PostgreSQL (``make cluster-up``) is the stor
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import os
 import random
+import tempfile
 import time
 import urllib.parse
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mlflow
@@ -240,10 +242,15 @@ def run_paths(run: mlflow.entities.Run, uri: str | None = None) -> list[str]:
     return sorted({m.name for m in logged_models(run, uri)} | {f.path for f in artifacts})
 
 
-def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Path | None:
-    """A run's artifact downloaded to a local path, or None when the run has nothing at ``artifact_path``."""
+@contextlib.contextmanager
+def run_artifact(run_id: str, artifact_path: str, uri: str | None = None) -> Iterator[Path | None]:
+    """A run's artifact downloaded to a temporary local path while the block runs, or None when the run has nothing
+    at ``artifact_path``."""
     client(uri)
-    try:
-        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path))
-    except (mlflow.exceptions.MlflowException, OSError):
-        return None
+    with tempfile.TemporaryDirectory(prefix="ropim-artifact-") as tmp:
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                            dst_path=tmp))
+        except (mlflow.exceptions.MlflowException, OSError):
+            local = None
+        yield local

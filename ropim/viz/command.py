@@ -3,6 +3,7 @@ columns, plus predictions when the pretraining run logged its decoder), and Figu
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -76,14 +77,15 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     run_id = None
     if version:
         run_id = store.client(uri).get_model_version(*version).tags.get("run_id")
-    local = store.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else None
-    if local is None:  # no decoder logged on that run: projection columns only
-        return cfg, None, config
     from safetensors.torch import load_file
 
+    with store.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else contextlib.nullcontext() as local:
+        if local is None:  # no decoder logged on that run: projection columns only
+            return cfg, None, config
+        decoder = load_file(str(local))
     model = ROPIM(cfg)
     load_weights(model.encoder, state, f"encoder {model_uri}")
-    load_weights(model, load_file(str(local)), f"encoder {model_uri}: {DECODER_ARTIFACT}", optional=("encoder.",))
+    load_weights(model, decoder, f"encoder {model_uri}: {DECODER_ARTIFACT}", optional=("encoder.",))
     return cfg, model.eval(), config
 
 

@@ -167,3 +167,22 @@ def test_a_score_added_while_the_card_is_written_reaches_the_card(two_versions, 
     registry.tag_scores("ropim-encoder", "1", {"downstream.digits.knn_top1": 88.0})
     description = real.get_model_version("ropim-encoder", "1").description
     assert "71.25" in description and "88.00" in description, description
+
+
+def test_reading_a_registered_model_leaves_nothing_in_the_temp_folder(two_versions, tmp_path, monkeypatch):
+    """MLflow downloads a version into a fresh temporary folder; each worker of each job that read a registered
+    encoder left one there (~350 MB for ViT-B): on a long-lived node the temp folder filled."""
+    import tempfile
+
+    from ropim.tracking.catalog import show
+
+    download = mlflow.artifacts.download_artifacts
+
+    def as_from_a_server(*args, dst_path=None, **kwargs):  # a server's artifacts are copied, a local store's are not
+        return download(*args, dst_path=dst_path or tempfile.mkdtemp(), **kwargs)
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", as_from_a_server)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    state, config = registry.load_encoder_files("models:/ropim-encoder/1")
+    assert state and config["arch"] and "# ropim-encoder v2" in show("models:/ropim-encoder/2")
+    assert list(tmp_path.iterdir()) == []
