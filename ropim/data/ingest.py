@@ -245,5 +245,6 @@ def iter_epoch(shard, batch_size: int, epoch: int, *, seed: int = 0, rank: int =
     mean, inv_std = (torch.from_numpy(v).view(1, 3, 1, 1) for v in (PIXEL_MEAN, PIXEL_INV_STD))
     for batch in batches:
         pixels = batch["image"].permute(0, 3, 1, 2)  # uint8 (B, 3, H, W), a view
-        on = pixels.device
-        yield ((pixels.float() - mean.to(on)) * inv_std.to(on)).contiguous(), batch["label"]
+        if mean.device != pixels.device:  # once an epoch, not two host-to-device copies a batch
+            mean, inv_std = mean.to(pixels.device), inv_std.to(pixels.device)
+        yield ((pixels.float() - mean) * inv_std).contiguous(), batch["label"]
