@@ -12,6 +12,7 @@ import math
 import os
 
 from optuna.samplers import TPESampler
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from ropim.checks import DATA_CPUS, waiting_note
@@ -54,6 +55,22 @@ class MetricOptunaSearch(OptunaSearch):
             super().on_trial_result(trial_id, result)
 
 
+class FinishingASHA(ASHAScheduler):
+    """ASHA that judges a trial only before its last epoch (``epochs``, or the trial's own when the sweep samples
+    them). ASHA's top rung can be that epoch itself (``max_t`` = grace_period × factorᵏ), and with ``eval_every`` > 1
+    or a downstream metric the last result can be a trial's first past a rung: stopped there, the trial's driver was
+    killed while recording its run, which stayed RUNNING."""
+
+    def __init__(self, *, epochs: int, **kwargs) -> None:
+        super().__init__(stop_last_trials=False, **kwargs)
+        self.epochs = epochs
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if result.get("epoch", 0) >= trial.config.get("epochs", self.epochs):
+            return TrialScheduler.CONTINUE  # the trial ends by itself, recorded
+        return super().on_trial_result(tune_controller, trial, result)
+
+
 def tpe_sampler(cfg: SweepConfig) -> TPESampler:
     """The sweep's TPE sampler: ``cfg.n_startup`` random trials, then TPE, seeded by ``cfg.search_seed``."""
     return TPESampler(seed=cfg.search_seed, n_startup_trials=cfg.n_startup)
@@ -62,7 +79,6 @@ def tpe_sampler(cfg: SweepConfig) -> TPESampler:
 def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
     """The Tune experiment of the sweep: restored from its folder when one exists."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     trainable = tune.with_resources(tune.with_parameters(trial_driver, ctx=ctx), DRIVER_RESOURCES)
     path = f"{cfg.storage_path}/{cfg.name}"
@@ -74,10 +90,9 @@ def tuner(cfg: SweepConfig, ctx: dict, callbacks: list | None):
         search_alg = MetricOptunaSearch(metric=cfg.metric, mode=cfg.mode, sampler=tpe_sampler(cfg),
                                         study_name=cfg.name, storage=study_storage(cfg))
     if cfg.scheduler == "asha":
-        # a trial at max_t ends by itself: ASHA's stop there killed its driver before the run was recorded and ended
-        scheduler = ASHAScheduler(time_attr="epoch", metric=cfg.metric, mode=cfg.mode, max_t=cfg.max_epochs,
-                                  grace_period=cfg.grace_period, reduction_factor=cfg.reduction_factor,
-                                  stop_last_trials=False)
+        scheduler = FinishingASHA(epochs=cfg.pretrain["epochs"], time_attr="epoch", metric=cfg.metric, mode=cfg.mode,
+                                  max_t=cfg.max_epochs, grace_period=cfg.grace_period,
+                                  reduction_factor=cfg.reduction_factor)
     space = cfg.space
     num_samples = cfg.num_samples
     if cfg.search == "grid" and "seed" not in space:  # grid: samples are seeds, the same for every grid point

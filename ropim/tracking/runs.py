@@ -178,6 +178,10 @@ def open_locked(experiment: str, name: str, config: dict, storage_path: str | No
                           f"{uri} does not hold: run the command where the run started, or set MLFLOW_TRACKING_URI "
                           "to the store it was tracked in") from None
     finished = stored.info.status == "FINISHED" or meta.get("finished") is True
+    typed = {k: config[k] for k in resumable if k in config and meta["config"].get(k, config[k]) != config[k]}
+    if typed and not finished:  # what this continuation runs on (its hardware): what the next --resume reads
+        meta = {**meta, "config": {**meta["config"], **typed}}
+        write_run_meta(storage_path, name, meta)
     if not finished:
         c.update_run(meta["run_id"], status="RUNNING")
     elif stored.info.status != "FINISHED":  # its outcome recorded, then killed before the run was ended: ended now

@@ -12,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import shutil
+import socket
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -23,6 +27,7 @@ from ropim.errors import ConfigError, DataError, first_line
 from ropim.paths import is_uri
 
 UNRECORDED = "unrecorded.json"  # epoch records the tracking store had not taken when the checkpoint was written
+SCRATCH = "ropim-checkpoint-"  # + host-pid-: a checkpoint being written or uploaded from the temporary folder
 Candidates = Iterable[tuple[str, contextlib.AbstractContextManager[str | Path]]]  # (name, a local folder), newest first
 
 
@@ -70,6 +75,18 @@ def room_note(size: int, run_dir: str, keep: int) -> str | None:
             f"will stop when the disk fills; free space there, {ROOM}")
 
 
+def scratch_folder() -> Path:
+    """A new folder in the temporary folder for one checkpoint before Ray uploads it (and deletes it), named after
+    this host and process. The ones a process of this host left when it was killed (a worker lost to SIGKILL or the
+    kernel's OOM killer mid-upload: a GiB at ViT-B) are removed first."""
+    host = socket.gethostname()
+    for old in Path(tempfile.gettempdir()).glob(f"{SCRATCH}{host}-*-*"):
+        pid = old.name[len(SCRATCH) + len(host) + 1:].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{host}-{os.getpid()}-"))
+
+
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epoch: int, step: int,
                     config: dict) -> None:
     """Write a complete checkpoint into ``folder`` (a fresh temporary folder that the runtime then persists)."""
@@ -78,6 +95,25 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, scaler, epo
              "scaler": scaler.state_dict() if scaler is not None else {}}
     torch.save(state, folder / "train_state.pt")
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_checkpoint(model: torch.nn.Module, optimizer, scaler, epoch: int, step: int, config: dict, metrics: dict,
+                     unsent: list) -> Path:
+    """Epoch ``epoch``'s checkpoint written whole in a new ``scratch_folder``: ``save_checkpoint``'s files, its
+    ``metrics`` and the ``unsent`` records; nothing left of it on an error, NoRoom when the temporary folder is full."""
+    folder = scratch_folder()
+    try:
+        save_checkpoint(folder, model, optimizer, scaler, epoch, step, config)
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+        if unsent:
+            (folder / UNRECORDED).write_text(json.dumps(unsent))
+    except BaseException as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        if full(err):
+            raise NoRoom(f"no space left in {folder.parent} (the temporary folder) for epoch {epoch + 1}'s "
+                         "checkpoint: free space there, or set TMPDIR to a larger disk") from None
+        raise
+    return folder
 
 
 def load_checkpoint(folder: str | Path, model: torch.nn.Module, optimizer=None, scaler=None) -> dict:

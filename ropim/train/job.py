@@ -63,11 +63,12 @@ class JobConfig:
     }
     # fields that may differ when a named run is continued; everything else must match the stored config
     # (num_workers between counts of Ray Train workers: ``ropim.train.jobs.check_stored_run``; registered_model: what
-    # the result is registered as, not what the run computes)
+    # the result is registered as, not what the run computes; accum_steps: the same global batch in more micro batches,
+    # the fix for a run continued on fewer GPUs)
     RESUMABLE: ClassVar[tuple[str, ...]] = ("num_workers", "use_gpu", "cpus_per_worker", "stop_after_epochs",
                                             "max_failures", "log_every", "placement_strategy", "min_workers",
                                             "wait_for_resources", "dataloader_workers", "registered_model",
-                                            *SPEED_FLAGS)
+                                            "accum_steps", *SPEED_FLAGS)
     # the loop's decay after the linear warm-up: cosine to min_lr, or poly (power 1: linear) to min_lr
     schedule: ClassVar[str] = "cosine"
     # False: the schedule spans every step, the warm-up inside its first steps (timm's default: the paper's ROPIM and
@@ -226,7 +227,7 @@ class JobConfig:
     def check_placement(self) -> None:
         """``min_workers`` (elastic) lies in [1, num_workers] and the global batch splits evenly over it too (as over
         ``num_workers``). Counts in between take ``batch // workers`` each: the global batch then shrinks by less than
-        one micro batch, the step count and schedule stay."""
+        one micro batch, the step count and schedule stay (``ropim.train.task.epoch_steps``)."""
         if self.min_workers is None:
             return
         if not Range(1, self.num_workers, integer=True).holds(self.min_workers):

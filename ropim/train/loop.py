@@ -25,16 +25,12 @@ every epoch reseeds torch, ``random`` and numpy from (seed, epoch, rank), and ta
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import resource
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +39,7 @@ from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 from ropim.console import eta_text
 from ropim.seeds import derived_seed
 from ropim.train.batch_wait import STALLED, waits_said
-from ropim.train.checkpoint import UNRECORDED, NoRoom, folder_bytes, full, restore, room_note, save_checkpoint
+from ropim.train.checkpoint import folder_bytes, restore, room_note, write_checkpoint
 from ropim.train.guard import Diverged, StepGuard, write_stop
 from ropim.train.job import JobConfig
 from ropim.train.speed import autocast_dtype, grad_scaler, grads_in_weight_strides, resolve_precision, tf32_matmuls
@@ -275,18 +271,8 @@ class Loop:
             self.task.record([*done, metrics])
         folder = None
         if worker.rank == 0 and cfg.checkpoints(epoch + 1, last_epoch):
-            folder = Path(tempfile.mkdtemp(prefix="ropim-checkpoint-"))
-            try:
-                save_checkpoint(folder, self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config)
-                (folder / "metrics.json").write_text(json.dumps({**metrics, **self.task.checkpoint_extra()}))
-                if self.task.unsent:
-                    (folder / UNRECORDED).write_text(json.dumps(self.task.unsent))
-            except BaseException as err:
-                shutil.rmtree(folder, ignore_errors=True)
-                if full(err):
-                    raise NoRoom(f"no space left in {folder.parent} (the temporary folder) for epoch {epoch + 1}'s "
-                                 "checkpoint: free space there, or set TMPDIR to a larger disk") from None
-                raise
+            folder = write_checkpoint(self.model, self.optimizer, self.scaler, epoch, self.step, self.task.config,
+                                      {**metrics, **self.task.checkpoint_extra()}, self.task.unsent)
             if not self.room_checked:  # the first checkpoint this job writes: its size is known now
                 self.room_checked = True
                 if note := room_note(folder_bytes(folder), self.task.run_dir, cfg.keep_checkpoints):

@@ -230,7 +230,14 @@ class Task(ABC):
             sampler.set_epoch(epoch)
             return iter(loader)
 
-        return EpochData(batches, len(loader) // cfg.accum_steps, stats or {})
+        return EpochData(batches, epoch_steps(len(loader), len(dataset), cfg), stats or {})
+
+
+def epoch_steps(micro_batches: int, items: int, cfg: JobConfig) -> int:
+    """Optimizer steps of an epoch over ``items`` training items when a worker has ``micro_batches``: at most
+    ``items // cfg.batch``, so that a worker count not dividing the global batch (an elastic restart on fewer
+    nodes) gives the step count, and so the schedule, of the run's own."""
+    return min(micro_batches // cfg.accum_steps, items // cfg.batch)
 
 
 class EncoderTask(Task):

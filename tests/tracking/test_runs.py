@@ -32,14 +32,16 @@ def test_named_run_is_created_continued_refused_and_reported(workdir):
         assert run.continued and run.run_id == first and status(first) == "RUNNING"
         run.save(outcome="done")
     assert status(first) == "FINISHED" and read_run_meta("runs", "a")["outcome"] == "done"
+    assert read_run_meta("runs", "a")["config"] == {**cfg, "num_workers": 1}  # what the next --resume continues on
 
     with pytest.raises(ConfigError, match=r"already exists .* different config \(epochs\); continue it as stored "
                                           r"with `ropim t --resume a`, or give this one a new name"):
         open_run(experiment="t", name="a", config={**cfg, "epochs": 4}, storage_path="runs",
-                 resume="ropim t --resume a")
+                 resumable=("num_workers",), resume="ropim t --resume a")
     with pytest.raises(ConfigError, match=r"different config \(model\.rho\)"):  # the field, not its section
-        open_run(experiment="t", name="a", config={**cfg, "model": {"rho": 0.5}}, storage_path="runs")
-    with open_run(experiment="t", name="a", config=cfg, storage_path="runs") as again:
+        open_run(experiment="t", name="a", config={**cfg, "model": {"rho": 0.5}}, storage_path="runs",
+                 resumable=("num_workers",))
+    with open_run(experiment="t", name="a", config=cfg, storage_path="runs", resumable=("num_workers",)) as again:
         assert again.finished and again.meta["outcome"] == "done"
     assert status(first) == "FINISHED"  # reporting a finished run leaves it as it was
 

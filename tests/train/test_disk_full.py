@@ -21,8 +21,8 @@ FULL = OSError(errno.ENOSPC, "No space left on device")
 
 def test_a_checkpoint_the_temporary_folder_cannot_hold_ends_the_job_in_one_line(workdir, monkeypatch, tmp_path):
     cfg = tiny_pretrain(run_name="tmp-full", num_workers=0, epochs=3, max_steps_per_epoch=1)
-    save = loop.save_checkpoint
-    monkeypatch.setattr(loop.tempfile, "tempdir", str(tmp_path))  # the loop's temporary folders, to count them
+    save = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint.tempfile, "tempdir", str(tmp_path))  # the loop's temporary folders, to count them
 
     def saving(folder, model, optimizer, scaler, epoch, *args):
         if epoch == 1:
@@ -31,7 +31,7 @@ def test_a_checkpoint_the_temporary_folder_cannot_hold_ends_the_job_in_one_line(
         save(folder, model, optimizer, scaler, epoch, *args)
 
     with monkeypatch.context() as m:
-        m.setattr(loop, "save_checkpoint", saving)
+        m.setattr(checkpoint, "save_checkpoint", saving)
         with pytest.raises(NoRoom) as err:
             run(cfg)
     assert str(err.value) == (f"run tmp-full: no space left in {tmp_path} (the temporary folder) for epoch 2's "

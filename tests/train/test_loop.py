@@ -17,7 +17,7 @@ from support import encoder_folder, tiny_finetune, tiny_pretrain
 
 from ropim.console import Pace
 from ropim.tracking import store
-from ropim.train import downstream, loop
+from ropim.train import checkpoint, downstream, loop
 from ropim.train import task as task_module
 from ropim.train.driver import run
 from ropim.train.jobs import JOBS, resume_config
@@ -68,7 +68,7 @@ def test_checkpoints_rotate_and_hold_the_epochs_metrics(straight):
 
 
 def test_half_written_checkpoint_is_never_the_latest(workdir, straight, monkeypatch):
-    save = loop.save_checkpoint
+    save = checkpoint.save_checkpoint
 
     def broken_second_save(folder, model, optimizer, scaler, epoch, step, config):
         if epoch == 1:
@@ -76,14 +76,14 @@ def test_half_written_checkpoint_is_never_the_latest(workdir, straight, monkeypa
             raise RuntimeError("killed while writing the checkpoint")
         save(folder, model, optimizer, scaler, epoch, step, config)
 
-    monkeypatch.setattr(loop, "save_checkpoint", broken_second_save)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", broken_second_save)
     cfg = tiny_pretrain(run_name="half-written", **LOCAL)
     with pytest.raises(RuntimeError, match="killed while writing"):
         run(cfg)
     worker = LocalWorker(Path("ray_results/half-written/in_process").absolute(), 2)
     assert [p.name for p in worker.checkpoints()] == ["checkpoint_000001"]
     assert store.client().get_run(history_run("half-written")).info.status == "FAILED"
-    monkeypatch.setattr(loop, "save_checkpoint", save)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", save)
     result = run(cfg)  # the same command again continues from epoch 1's checkpoint
     assert result.metrics["step"] == straight.metrics["step"] and result.model_uri is not None
     assert history(result.run_id, "lr") == history(straight.run_id, "lr")

@@ -134,6 +134,12 @@ def test_resume_keeps_every_stored_field_unless_typed(gpu_run, capsys):
     assert said == ["[pretrain] --resume gpu16: max_failures 3 -> 1, num_workers 16 -> 8, stop_after_epochs None "
                     "-> 2, use_gpu True -> False (typed); the rest as stored"]
 
+    # on fewer GPUs, the same global batch in more micro batches (before: accum_steps could not change)
+    assert resume("--num_workers", "4", "--min_workers", "2", "--accum_steps", "4") == \
+        "ropim pretrain: stopped where the driver starts"
+    cfg = gpu_run.pop("cfg")
+    assert (cfg.num_workers, cfg.accum_steps, cfg.global_batch_size) == (4, 4, 512)
+
 
 def test_resume_refuses_a_typed_field_the_run_cannot_change_before_ray(gpu_run):
     said = resume("--model.rho", "0.5", "--num_workers", "2")

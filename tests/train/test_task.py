@@ -150,3 +150,16 @@ def test_shards_too_large_for_the_nodes_loader_processes_are_said_once(tmp_path,
     said = [r.getMessage() for r in caplog.records if "keeps up to 4" in r.getMessage()]
     assert len(said) == 1 and "for the 8 such processes of the 4 worker(s) on this node, 25% of its memory" in said[0]
     assert "--shard-size 1000" in said[0]
+
+
+def test_a_worker_count_not_dividing_the_batch_keeps_the_runs_steps_per_epoch():
+    """An elastic restart on 3 workers of a run of batch 16 (micro batch 5 each, global 15): as many optimizer steps
+    an epoch as on 1, 2 or 4 workers, so the schedule keeps its length (before: 95 on 3, 89 on the others)."""
+    dataset = build_dataset(DataConfig(source="digits"), "train", eval_transform(8), 8)
+    job = ToyJob(global_batch_size=16, accum_steps=1)
+    steps = {}
+    for world in (1, 2, 3, 4):
+        worker = SimpleNamespace(rank=world - 1, world=world, local_world=world, device=torch.device("cpu"))
+        task = LineTask({"cfg": job.to_dict(), "run_id": "r", "tracking_uri": "t", "run_dir": "d"}, worker=worker)
+        steps[world] = task.sharded(dataset, 16 // world, {}).steps
+    assert steps == dict.fromkeys((1, 2, 3, 4), len(dataset) // 16)

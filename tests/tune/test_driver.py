@@ -4,12 +4,14 @@ once (each reading its data)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import optuna
 import pytest
+from ray.tune.schedulers import TrialScheduler
 
 from ropim.errors import ConfigError
-from tune.driver import default_concurrency, tpe_sampler
+from tune.driver import FinishingASHA, default_concurrency, tpe_sampler
 from tune.sweep import config_from_args
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -55,3 +57,23 @@ def test_a_given_concurrency_that_holds_every_cpu_for_ray_data_is_refused():
     cfg.check_data_cpus(9, "c")  # one CPU left: the trials' tasks share it
     cfg.check_data_cpus(6, "c")  # not all fit now: they wait for nodes, judged as they join
     replace(cfg, max_concurrent=None).check_data_cpus(8, "c")  # the default leaves each trial a CPU
+
+
+@pytest.mark.parametrize("max_t,eval_every", [(8, 1), (100, 50)])
+def test_asha_never_stops_a_trial_at_its_last_epoch(max_t, eval_every):
+    """8 epochs: ASHA's top rung is epoch 8 itself; 100 epochs evaluated every 50: the last result is the first past
+    rung 64. Worse trials reaching their last epoch end by themselves (their driver records the run); before it they
+    are still stopped."""
+    asha = FinishingASHA(epochs=max_t, time_attr="epoch", metric="knn_top1", mode="max", max_t=max_t,
+                         grace_period=1, reduction_factor=2)
+    trials = [SimpleNamespace(trial_id=str(i), config={}) for i in range(6)]
+    for t in trials:
+        asha.on_trial_add(None, t)
+    last = [asha.on_trial_result(None, t, {"epoch": max_t, "knn_top1": 90.0 - i}) for i, t in enumerate(trials[:3])]
+    assert last == [TrialScheduler.CONTINUE] * 3
+    mid = max_t - eval_every if eval_every > 1 else max_t // 2
+    early = [asha.on_trial_result(None, t, {"epoch": mid, "knn_top1": 90.0 - i}) for i, t in enumerate(trials[3:])]
+    assert TrialScheduler.STOP in early
+    sampled = SimpleNamespace(trial_id="s", config={"epochs": mid})  # a sweep sampling the epochs: the trial's own
+    asha.on_trial_add(None, sampled)
+    assert asha.on_trial_result(None, sampled, {"epoch": mid, "knn_top1": 0.0}) == TrialScheduler.CONTINUE

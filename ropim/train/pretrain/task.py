@@ -30,7 +30,7 @@ from ropim.train.background import Background
 from ropim.train.downstream import frozen_scores
 from ropim.train.pretrain.config import PretrainConfig
 from ropim.train.speed import adamw_kernels, images_to, side_stream
-from ropim.train.task import EpochData, Task, Worker, bad_images, percents
+from ropim.train.task import EpochData, Task, Worker, bad_images, epoch_steps, percents
 
 log = logging.getLogger("ropim.train")
 
@@ -107,7 +107,7 @@ class PretrainTask(Task):
             counter = self.bad_counter
             return EpochData(
                 batches=lambda epoch: iter_epoch(shard, micro_batch, epoch, seed=cfg.seed, rank=worker.rank),
-                steps=self.n_train // worker.world // micro_batch // cfg.accum_steps,
+                steps=epoch_steps(self.n_train // worker.world // micro_batch, self.n_train, cfg),
                 stats={"bad_images": (lambda: bad_image_summary(counter)["count"] if counter is not None else 0,
                                       "max")},  # one counter for the whole dataset
             )
