@@ -7,7 +7,10 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass
 
+import yaml
+
 from ropim.checks import local_cpus
+from ropim.cli import PRESETS
 from ropim.errors import ConfigError
 from ropim.tracking.names import DEFAULT_ENCODER_NAME, default_run_name
 from ropim.tracking.preflight import check_registered_model
@@ -64,6 +67,7 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
                 PretrainConfig.from_dict(apply_trial(pretrain, {knob: value})).validate()
             except ConfigError as err:  # name the knob: the flag the user typed is --space, not the field
                 raise ConfigError(f"space knob {knob!r} at {value!r}: {err}") from None
+    check_downstream(cfg)
     batches = {"global_batch_size": base.global_batch_size}
     if cfg.metric == "finetune_top1":
         batches["finetune.batch_size"] = FinetuneConfig.from_dict(cfg.trial_finetune(pretrain)).validate().batch_size
@@ -78,3 +82,26 @@ def prepare(cfg: SweepConfig) -> PreparedSweep:
         check_tracking(uri := tracking_uri())
         check_registered_model(pretrain.get("registered_model", DEFAULT_ENCODER_NAME), "encoder", uri)
     return PreparedSweep(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+
+
+def check_downstream(cfg: SweepConfig) -> None:
+    """ConfigError when trials pretraining on other data than the built-in digits would be scored downstream with
+    the ``rho_ablation`` preset's digits defaults: fine-tuned with the digits demo's recipe (10 epochs, batch 32, no
+    augmentation; ``finetune_top1``) or segmented on the digits canvases (``segment_miou``). Their scores would rank
+    the sweep and enter the champion rule for that data."""
+    source = cfg.pretrain["data"]["source"]
+    if source == "digits":
+        return
+    if cfg.metric == "finetune_top1":
+        digits = yaml.safe_load((PRESETS / "finetune" / "digits_demo.yaml").read_text())
+        if all(cfg.finetune.get(k) == v for k, v in digits.items() if k not in ("data", "num_workers", "log_every")):
+            raise ConfigError(f"--metric finetune_top1 on data.source={source}: every trial would fine-tune with the "
+                              "digits demo's recipe (the rho_ablation preset's: 10 epochs, batch 32, no augmentation); "
+                              "give this data's recipe: --finetune FILE (e.g. ropim/presets/finetune/vit_base.yaml, "
+                              "the paper's) and/or --finetune.* flags")
+    segment = SegmentConfig.from_dict(cfg.trial_segment(cfg.pretrain)) if cfg.metric == "segment_miou" else None
+    if segment is not None and segment.data.source == "digits":
+        raise ConfigError(f"--metric segment_miou with pretraining on data.source={source}: every trial would be "
+                          "scored on the built-in digits canvases; give the segmentation data and recipe: "
+                          "--segment FILE (e.g. ropim/presets/segment/ade20k_upernet_vit_base.yaml) and/or "
+                          "--segment.data.source PATH")
