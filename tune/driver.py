@@ -156,8 +156,9 @@ def run_trials(cfg: SweepConfig, run: Run, callbacks: list | None) -> SweepResul
                                                             p["ingest"])
     if note := waiting_note(p["num_workers"], p["cpus_per_worker"], p["use_gpu"], total.get("CPU", 0.0),
                             total.get("GPU", 0.0), "the Ray cluster"):  # trials wait for nodes; say so, and the cost
-        print(f"[sweep] a trial's {note}" + ("" if cfg.max_concurrent else "; trials then run one at a time, as "
-                                             "counted now: give --max-concurrent N to run N at once"), flush=True)
+        more = "" if cfg.max_concurrent or run.continued else "; trials then run one at a time, as counted now: " \
+            "give --max-concurrent N to run N at once"  # a continued sweep keeps its concurrency (``Tuner.restore``)
+        print(f"[sweep] a trial's {note}{more}", flush=True)
     ctx = {"pretrain": p, "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri, "experiment": cfg.experiment,
            "sweep": cfg.name, "train_storage": f"{cfg.storage_path}/{cfg.name}/train", "max_concurrent": concurrency,
            "metric": cfg.metric, "recipes": cfg,  # each trial's fine-tune / segmentation from it
