@@ -69,7 +69,7 @@ def ropim_commit() -> str:
     git = ["git", "-C", str(root)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run([*git, "status", "--porcelain", "ropim"], capture_output=True, text=True).stdout.strip()
-    return f"{root} @ {head}{' + local changes' if dirty else ''}"
+    return f"{head}{' + local changes' if dirty else ''}"  # the commit, not this machine's folder
 
 
 def main(argv: list[str] | None = None) -> None:
