@@ -54,7 +54,7 @@ def seg_loss(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], target: 
     size = target.shape[-2:]
     loss = F.cross_entropy(F.interpolate(logits, size=size, mode="bilinear", align_corners=False), target,
                            ignore_index=ignore_index)
-    if aux is not None and aux_weight:
+    if aux is not None:  # at aux_weight 0 too: DDP needs a gradient (zeros) for every parameter of the aux head
         up = F.interpolate(aux, size=size, mode="bilinear", align_corners=False)
         loss = loss + aux_weight * F.cross_entropy(up, target, ignore_index=ignore_index)
     return loss

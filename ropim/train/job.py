@@ -83,7 +83,8 @@ class JobConfig:
     channels_last: bool = False
     """NHWC images and patch-embedding weights (the patch convolution's tensor-core layout)"""
     tf32: bool = False
-    """CUDA: TF32 tensor cores for fp32 matmuls and convolutions (no effect on CPU)"""
+    """CUDA: TF32 tensor cores for fp32 matmuls (no effect on CPU); cuDNN's convolutions (the patch embedding,
+    UperNet's) use TF32 either way, torch's default"""
     pin_memory: bool = True
     """CUDA + torch ingest: batches in page-locked memory, copied without blocking"""
     async_checkpoint: bool = False

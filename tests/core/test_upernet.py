@@ -10,7 +10,7 @@ from timm.optim import create_optimizer_v2
 
 from ropim.core.backbone import create_encoder, encoder_spec
 from ropim.core.relpos import resize_rel_pos_bias_table
-from ropim.core.segmenter import segmenter_from_encoder
+from ropim.core.segmenter import seg_loss, segmenter_from_encoder
 from ropim.core.upernet import UperNetViT, block_indices, build_segmenter
 
 
@@ -53,6 +53,20 @@ def test_every_parameter_trains_and_the_unused_encoder_norm_is_gone():
     (logits.mean() + aux.mean()).backward()
     assert [n for n, p in model.named_parameters() if p.grad is None] == []  # DDP needs no find_unused_parameters
     assert not any(n.startswith("encoder.norm.") for n, _ in model.named_parameters())
+
+
+def test_an_aux_weight_of_0_still_gives_the_aux_head_a_gradient_for_ddp():
+    """--aux_weight 0 on several workers: Ray's DDP (find_unused_parameters=False) needs a gradient for every
+    parameter; the aux head's are zeros and the loss is the main head's alone (before: the second step raised)."""
+    name, kwargs = encoder_spec("vit", "vit_tiny_patch16_224", img_size=32, patch_size=8, depth=6)
+    model = segmenter_from_encoder(name, kwargs, None, 3, 32, channels=8, aux_channels=8).model.train()
+    outputs = model(torch.randn(2, 3, 32, 32))
+    target = torch.randint(0, 3, (2, 32, 32))
+    loss = seg_loss(outputs, target, 0.0, 255)
+    torch.testing.assert_close(loss, seg_loss(outputs[0], target, 0.4, 255))  # the main head's loss alone
+    loss.backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    assert all(not p.grad.any() for n, p in model.named_parameters() if n.startswith("aux_head."))
 
 
 def test_beit_shared_bias_is_copied_per_block_and_its_table_resampled():
