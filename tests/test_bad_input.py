@@ -74,6 +74,8 @@ CASES = {  # id: (argv, what the one line must name)
     "min_workers uneven batch": ((*PRE, "--num_workers", "4", "--min_workers", "3", "--global_batch_size", "64"),
                                  "not divisible by min_workers=3"),
     "missing data": ((*PRE, "--data.source", "no/such/folder"), "no such file or folder"),
+    "ImageNet's train still archived": ((*PRE, "--data.source", "archived"),
+                                        "holds train/, val/ but "),
     "resume with another rho": (("pretrain", "--resume", "stored", "--model.rho", "0.5"),
                                 "--resume stored: model.rho=0.5 (stored 0.14285714285714285) cannot change"),
     "resume with more epochs": (("pretrain", "--resume", "stored", "--epochs", "20", "--num_workers", "1"),
@@ -242,6 +244,10 @@ def fixtures(tmp_path_factory) -> Path:
     (work / "corrupt" / "cls").mkdir(parents=True)
     img.save(work / "corrupt" / "cls" / "ok.png")
     (work / "corrupt" / "cls" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (work / "archived" / "train").mkdir(parents=True)  # ImageNet's train/ as its .tar files, val/ extracted
+    (work / "archived" / "train" / "n01440764.tar").write_bytes(b"")
+    (work / "archived" / "val" / "n01440764").mkdir(parents=True)
+    img.save(work / "archived" / "val" / "n01440764" / "v0.png")
     (work / "strings").mkdir()
     pq.write_table(pa.table({"image": [b"x"], "label": ["cat"]}), work / "strings" / "train-0.parquet")
     (work / "range").mkdir()

@@ -88,6 +88,10 @@ def check(cfg: DataConfig) -> None:
         raise ConfigError(f"data source {cfg.source!r} holds {found[0]}/ and {found[1]}/: a segmentation folder pair "
                           "(images and their label maps), not two classes; give it to `ropim segment`, or give a "
                           "folder whose sub-folders are classes (e.g. one holding a link to its images/)")
+    if "train" in found and set(found) <= {"train", *VAL_NAMES} and imagefolder_splits(path) == {"all": path}:
+        raise ConfigError(f"data source {cfg.source!r} holds {'/, '.join(found)}/ but {path}/train holds no class "
+                          "folder (e.g. ImageNet's train/ still as .tar archives): these would be read as "
+                          f"{len(found)} classes named after the splits; extract train/ into one folder per class")
     for folder in imagefolder_splits(path).values():
         if os.path.isdir(folder) and any(next(walk_images(os.path.join(folder, c), Listing(path, cfg.follow_links)),
                                               None) for c in subdirs(folder)):
