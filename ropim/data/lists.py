@@ -67,6 +67,10 @@ class Items:
     def row(self, i: int, bad: BadImages) -> dict | None:
         raise NotImplementedError
 
+    def stored_path(self, i: int) -> str | None:
+        """Item ``i``'s ``path`` as a conversion writes it (None: the source has no path for it)."""
+        return self.paths[i]
+
 
 def vanished(path: str, err: OSError) -> ConfigError:
     """The error of a conversion whose source item ``path`` cannot be read: it stops, never a bad image."""
@@ -115,7 +119,7 @@ class ImageList(Items):
             raise vanished(self.paths[i], err) from None
         if try_decode(data, self.paths[i], bad) is None:
             return None
-        return {"image": png(data), "label": int(self.labels[i]), "path": self.paths[i]}
+        return {"image": png(data), "label": int(self.labels[i]), "path": self.stored_path(i)}
 
 
 class ArrayList(ImageList):

@@ -75,7 +75,7 @@ class SegList(Items):
         except Exception as err:  # noqa: BLE001 — an undecodable file makes the pair bad
             bad.add(self.paths[i], err)
             return None
-        return {"image": png(image_data), "mask": png(mask.astype(np.uint8)), "path": self.paths[i]}
+        return {"image": png(image_data), "mask": png(mask.astype(np.uint8)), "path": self.stored_path(i)}
 
 
 def check_pair(name: str, size: tuple[int, int], mask: np.ndarray, num_classes: int, shifted: bool,

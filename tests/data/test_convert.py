@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from sample_data import cifar10, pixels
+from sample_data import cifar10, pixels, write_parquet
 
 from ropim.cli import main as cli_main
 from ropim.data import convert as convert_mod
@@ -74,6 +74,22 @@ def test_convert_cifar_keeps_pixels_and_its_own_split(tmp_path):
         np.testing.assert_array_equal(lst.labels[order], expect[split][1])
 
 
+def test_a_converted_parquet_set_without_paths_keeps_its_split(parquet_set, tmp_path):
+    """Shards with no ``path`` column and no split of their own are split by each image's bytes; their copy keeps
+    ``path`` null, so that it splits the same (before: the copy stored 'file#row' names, split by those: another
+    val set, a model pretrained on the source scored on images it had trained on)."""
+    _, rows = parquet_set
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    write_parquet(flat / "part-0.parquet", rows["train"] + rows["val"], ["a", "b", "c"], with_path=False)
+    convert(DataConfig(str(flat)), str(tmp_path / "out"), shard_size=7, progress=False)
+    splits = {}
+    for root in (flat, tmp_path / "out"):
+        src = open_source(DataConfig(str(root), val_fraction=0.3, split_seed=5))
+        splits[root.name] = [sorted(lst.load(i) for i in range(len(lst))) for lst in map(src.split, ("train", "val"))]
+    assert len(splits["flat"][1]) >= 5 and splits["out"] == splits["flat"]
+
+
 def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder, tmp_path, monkeypatch):
     root, good, _ = folder
     cfg, dst = DataConfig(str(root)), tmp_path / "out"
@@ -94,6 +110,9 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
     assert pq.read_metadata(dst / "train-00000.parquet").num_rows >= 2
     with pytest.raises(ConfigError, match=r"is an unfinished `ropim data convert` \(1 of its 3 shards written"):
         DataConfig(str(dst)).validate()  # a job does not take the one shard for the data set
+    with pytest.raises(ConfigError, match=r"is an unfinished `ropim data convert` \(1 of its 3 shards written"):
+        DataConfig(f"{dst}/*.parquet").validate()  # nor through a glob (before: read as a data set of one shard)
+    DataConfig(f"{dst}/train-00000.parq*").validate()  # a glob naming only written shards: a subset, on purpose
     (dst / ".train-00001.parquet.tmp").write_bytes(b"half a shard from a killed run")
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", real_write)

@@ -60,7 +60,12 @@ def parquet_files(location: str) -> tuple[pafs.FileSystem, list[str]]:
     if glob:
         base = path[: min(path.find(c) for c in "*?[" if c in path)].rpartition("/")[0] or "/"
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
+        files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)
+                 and not hidden(posixpath.relpath(i.path, base))]
+        plan = read_plan(fs, base)  # the shards of a conversion into base that the glob names: all of them written
+        planned = {s: v for s, v in (plan or {}).get("shards", {}).items()
+                   if fnmatch.fnmatch(posixpath.join(base, s), path)}
+        check_finished(location, {"shards": planned}, {posixpath.relpath(f, base) for f in files})
     else:
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:

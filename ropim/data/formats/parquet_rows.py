@@ -75,6 +75,13 @@ class ShardRows:
         f = int(np.searchsorted(self.offsets, i, side="right")) - 1
         return f, i - int(self.offsets[f])
 
+    def stored_path(self, i: int) -> str | None:
+        """Item ``i``'s ``path`` column: None where its shard has none (listed as ``file#row``, for messages). A
+        conversion keeps it null, so that readers of the copy split it by its bytes, as they split the source."""
+        f, j = self.shard_of(i)
+        path = self.paths[i]
+        return None if path == f"{self.files[f]}#{self.rows[f][j]}" else path
+
     def first_rows(self, k: int) -> tuple[list[int], dict[str, pa.ChunkedArray]]:
         """(up to ``k`` of the first items, their encoded columns) from the first row group of the first shard that
         holds any of them: one row group is read (256 rows in shards ``ropim data convert`` writes), not the shard."""
