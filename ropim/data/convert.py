@@ -75,11 +75,11 @@ def plan_shards(lists: dict[str, Items], shard_size: int, shuffle: bool, seed: i
     plans = {}
     for split, images in lists.items():
         order = np.random.default_rng(seed).permutation(len(images)) if shuffle else np.arange(len(images))
-        n_shards = -(-len(order) // shard_size)
+        n_shards, digest = -(-len(order) // shard_size), images.digest()
         for k in range(n_shards):
             plans[f"{split}-{k:05d}.parquet"] = (split, order[k * shard_size:(k + 1) * shard_size], {
                 "split": split, "index": k, "shards": n_shards, "shard_size": shard_size, "items": len(order),
-                "shuffle": shuffle, "seed": seed, **source})
+                "digest": digest, "shuffle": shuffle, "seed": seed, **source})
     return plans
 
 

@@ -5,6 +5,7 @@ add their own (``ropim.data.formats.parquet_rows``). Each gives random access (`
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import time
@@ -66,6 +67,14 @@ class Items:
 
     def row(self, i: int, bad: BadImages) -> dict | None:
         raise NotImplementedError
+
+    def digest(self) -> str:
+        """A short hash of the items (paths and labels, in order): a conversion's plan records it, so that a re-run
+        over a source whose files moved, were renamed or relabelled, at the same count, is told apart."""
+        h = hashlib.sha256("\0".join(self.paths.array.to_pylist()).encode())
+        if (labels := getattr(self, "labels", None)) is not None:
+            h.update(np.asarray(labels, np.int64).tobytes())
+        return h.hexdigest()[:16]
 
     def stored_path(self, i: int) -> str | None:
         """Item ``i``'s ``path`` as a conversion writes it (None: the source has no path for it)."""

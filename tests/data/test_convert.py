@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 
 import numpy as np
@@ -127,6 +128,18 @@ def test_interrupted_convert_leaves_only_whole_shards_and_rerun_completes(folder
                                           r"changed since, or --shard-size"):  # another plan: refused
         convert(cfg, str(dst), shard_size=5, progress=False)
     assert {n: (dst / n).read_bytes() for n in os.listdir(dst)} == before  # nothing deleted or overwritten
+
+
+def test_a_rerun_over_a_source_changed_at_the_same_count_is_refused(folder, tmp_path):
+    """A conversion's plan records its items (paths and labels), not only their count: a mislabelled image moved to
+    its class between two runs is not left in the shards already written (before: every shard kept, unchanged)."""
+    root, dst = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(folder[0], root)
+    convert(DataConfig(str(root)), str(dst), shard_size=3, progress=False)
+    (root / "cat" / "c1.png").rename(root / "dog" / "c1.png")
+    with pytest.raises(ConfigError, match=r"holds a conversion with other settings: its shards \(the source's "
+                                          r"images changed since"):
+        convert(DataConfig(str(root)), str(dst), shard_size=3, progress=False)
 
 
 def test_cli_convert_then_inspect(parquet_set, tmp_path, capsys):
