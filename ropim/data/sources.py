@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from ropim.paths import is_uri, resolve_path
 
 if TYPE_CHECKING:  # the config imports this module to check a source
     from ropim.data.config import DataConfig
+
+log = logging.getLogger("ropim.data")
 
 FORMATS = (digits, parquet, cifar, ade20k, imagefolder, pairs)  # auto detection tries them in this order
 HINT = {CLASSIFY: "give 'digits', an ImageFolder tree (ROOT/<class>/<image>), a CIFAR python folder "
@@ -150,10 +153,13 @@ def count_images(cfg: DataConfig, split: str) -> int:
 
 
 def check_batch_fits(cfg: DataConfig, batches: dict[str, int]) -> int:
-    """The training split's item count, listed once; ConfigError naming the flag when it holds less than one of
-    the ``batches`` ({flag: batch size}), or naming the source when none of its first images decodes
-    (``check_decodes``)."""
-    items = None if detect_format(cfg) is digits else open_source(cfg).split("train")
+    """The training split's item count, listed once (what the listing left out logged as warnings); ConfigError
+    naming the flag when it holds less than one of the ``batches`` ({flag: batch size}), or naming the source when
+    none of its first images decodes (``check_decodes``)."""
+    src = None if detect_format(cfg) is digits else open_source(cfg)
+    for note in src.notes if src is not None else []:  # what the listing left out: said once, before the job
+        log.warning(f"data source {cfg.source}: {note}")
+    items = None if src is None else src.split("train")
     n = count_images(cfg, "train") if items is None else len(items)
     for name, batch_size in batches.items():
         if n < batch_size:

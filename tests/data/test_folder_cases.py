@@ -152,3 +152,32 @@ def test_image_files_of_types_not_read_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"only-tiff': no image it reads: 1 image files of types not read are left "
                                          r"out \(1 \.tif\): images are read as \.jpg/"):
         cli_main(["data", "inspect", str(only)])
+
+
+def test_a_class_folder_that_cannot_be_listed_is_named_not_silently_dropped(tmp_path, monkeypatch, capsys, caplog):
+    """A class folder with no read permission, or on a stale NFS mount, gave no image and no word: a job trained
+    without that class's images. Now inspect names it and a job's pre-flight warns (root reads through modes, so
+    the test makes scandir fail where a user's permissions would)."""
+    from ropim.data.sources import check_batch_fits, one_listing
+
+    monkeypatch.chdir(tmp_path)
+    for c in ("a", "b", "c"):
+        (tmp_path / "pics" / c).mkdir(parents=True)
+        for k in range(4):
+            Image.fromarray(pixels(8, 8, k)).save(tmp_path / "pics" / c / f"{k}.png")
+    scandir = os.scandir
+
+    def denied(path):
+        if os.path.basename(str(path)) == "b":
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    cli_main(["data", "inspect", "pics"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
+    assert notes[0] == ("note        1 folder(s) could not be listed and their images are left out (e.g. b: "
+                        "Permission denied); make them readable to use them")
+    caplog.set_level(logging.WARNING, logger="ropim.data")
+    with one_listing():
+        assert check_batch_fits(DataConfig("pics", val_fraction=0.25), {"global_batch_size": 4}) == 6
+    assert [r.getMessage() for r in caplog.records] == [f"data source pics: {notes[0].removeprefix('note        ')}"]

@@ -71,6 +71,7 @@ class Listing:
         self.unread: dict[str, int] = {}  # image files of types not read (``OTHER_IMAGES``): {extension: count}
         self.linked: dict[str, str] = {}  # an image listed through a link: its real path -> the link
         self.again: list[tuple[str, str]] = []  # (path, real path) of images whose real file was listed already
+        self.unlisted: list[tuple[str, OSError]] = []  # folders that could not be listed (permissions, a stale mount)
 
     def allowed(self, path: str, real: str) -> bool:
         """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
@@ -111,14 +112,18 @@ class Listing:
             self.unread[ext] = self.unread.get(ext, 0) + 1
 
     def notes(self) -> list[str]:
-        """The links out of the source that were not followed, and how to follow them; the images reached twice; the
-        image files of types not read, and the fix (none: [])."""
+        """The links out of the source that were not followed, and how to follow them; the folders that could not be
+        listed; the images reached twice; the image files of types not read, and the fix (none: [])."""
         notes = []
         if self.outside:
             first = self.outside[0]
             notes.append(f"{len(self.outside)} symbolic links lead outside the source (e.g. {self.shown(first)} -> "
                          f"{os.path.realpath(first)}) and are not followed; --data.follow_links true follows them "
                          "(`ropim data`: --follow-links true), each real file still listed once")
+        if self.unlisted:
+            path, err = self.unlisted[0]
+            notes.append(f"{len(self.unlisted)} folder(s) could not be listed and their images are left out (e.g. "
+                         f"{self.shown(path)}: {err.strerror or err}); make them readable to use them")
         if self.again:
             path, real = self.again[0]
             notes.append(f"{len(self.again)} image(s) listed once though reached twice (e.g. {self.shown(path)} is "

@@ -47,7 +47,8 @@ def walk_images(folder: str, listing: Listing) -> Iterator[str]:
         try:
             with os.scandir(dirpath) as entries:
                 found = sorted(entries, key=lambda e: e.name)
-        except OSError:  # an unreadable folder holds no image we can read
+        except OSError as err:  # its images are left out, and the listing's notes say so
+            listing.unlisted.append((dirpath, err))
             continue
         subfolders = []
         for entry in found:
@@ -109,6 +110,8 @@ def no_images(folder: str, root: str) -> str:
         list(walk_images(os.path.join(folder, c), listing))
     if listing.outside:
         return f"no image inside it: {listing.notes()[0]}"
+    if listing.unlisted:
+        return f"no image it can list: {listing.notes()[0]}"
     if listing.unread:
         return f"no image it reads: {listing.notes()[-1]}"
     return f"no images ({'/'.join(IMAGE_EXTENSIONS)}) in class folders under {folder}; {LAYOUT}"
