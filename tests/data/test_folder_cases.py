@@ -181,3 +181,20 @@ def test_a_class_folder_that_cannot_be_listed_is_named_not_silently_dropped(tmp_
     with one_listing():
         assert check_batch_fits(DataConfig("pics", val_fraction=0.25), {"global_batch_size": 4}) == 6
     assert [r.getMessage() for r in caplog.records] == [f"data source pics: {notes[0].removeprefix('note        ')}"]
+
+
+def test_a_file_name_that_is_not_utf8_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """A name in another encoding (Latin-1 from an old archive): Python lists it with surrogates, which a path
+    column cannot hold; every listing (inspect, jobs, convert) ended in pyarrow's UnicodeEncodeError traceback."""
+    monkeypatch.chdir(tmp_path)
+    for c in ("a", "b"):
+        (tmp_path / "pics" / c).mkdir(parents=True)
+        for k in range(4):
+            Image.fromarray(pixels(8, 8, k)).save(tmp_path / "pics" / c / f"{k}.png")
+    os.rename(b"pics/a/0.png", b"pics/a/caf\xe9.png")
+    cli_main(["data", "inspect", "pics"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
+    assert notes == ["note        1 file(s) or folder(s) whose names are not valid UTF-8 are left out (e.g. "
+                     "a/caf\\xe9.png); rename them to use them"]
+    src = open_source(DataConfig("pics", val_fraction=0.25))
+    assert len(src.split("train")) + len(src.split("val")) == 7  # the others listed

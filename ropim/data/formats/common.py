@@ -72,6 +72,7 @@ class Listing:
         self.linked: dict[str, str] = {}  # an image listed through a link: its real path -> the link
         self.again: list[tuple[str, str]] = []  # (path, real path) of images whose real file was listed already
         self.unlisted: list[tuple[str, OSError]] = []  # folders that could not be listed (permissions, a stale mount)
+        self.misnamed: list[str] = []  # files and folders whose names are not UTF-8 (a path column cannot hold them)
 
     def allowed(self, path: str, real: str) -> bool:
         """Whether a folder or file (``real``: its real path) may be read: inside the source, or links are followed;
@@ -105,6 +106,15 @@ class Listing:
         """``path`` as the listing's messages show it: relative to the source."""
         return relative(path, self.root)
 
+    def named(self, path: str) -> bool:
+        """Whether ``path``'s name is valid UTF-8 (what paths are stored as); ``misnamed`` gets it otherwise."""
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # bytes os.scandir could not decode, kept as surrogates
+            self.misnamed.append(path)
+            return False
+        return True
+
     def passed_over(self, name: str) -> None:
         """Count a file that is not listed when it is an image of a type not read (``OTHER_IMAGES``)."""
         ext = os.path.splitext(name)[1].lower()
@@ -113,7 +123,7 @@ class Listing:
 
     def notes(self) -> list[str]:
         """The links out of the source that were not followed, and how to follow them; the folders that could not be
-        listed; the images reached twice; the image files of types not read, and the fix (none: [])."""
+        listed or named; the images reached twice; the image files of types not read, and the fix (none: [])."""
         notes = []
         if self.outside:
             first = self.outside[0]
@@ -124,6 +134,10 @@ class Listing:
             path, err = self.unlisted[0]
             notes.append(f"{len(self.unlisted)} folder(s) could not be listed and their images are left out (e.g. "
                          f"{self.shown(path)}: {err.strerror or err}); make them readable to use them")
+        if self.misnamed:
+            shown = os.fsencode(self.shown(self.misnamed[0])).decode("utf-8", "backslashreplace")
+            notes.append(f"{len(self.misnamed)} file(s) or folder(s) whose names are not valid UTF-8 are left out "
+                         f"(e.g. {shown}); rename them to use them")
         if self.again:
             path, real = self.again[0]
             notes.append(f"{len(self.again)} image(s) listed once though reached twice (e.g. {self.shown(path)} is "

@@ -52,6 +52,8 @@ def walk_images(folder: str, listing: Listing) -> Iterator[str]:
             continue
         subfolders = []
         for entry in found:
+            if not listing.named(entry.path):
+                continue
             target = os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(real, entry.name)
             if is_folder(entry):
                 if not entry.name.startswith("."):

@@ -62,7 +62,7 @@ class PairListing(Listing):
         if not self.allowed(folder, real_folder):
             return found, left_out
         with os.scandir(folder) as listing:
-            files = [e for e in listing if not is_folder(e)]
+            files = [e for e in listing if not is_folder(e) and self.named(e.path)]
         if images:  # images of types not read (TIFF): said, as an image folder's (their masks follow them)
             for e in files:
                 if not is_image(e.name):
