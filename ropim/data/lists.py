@@ -83,6 +83,9 @@ class Items:
 
 def vanished(path: str, err: OSError) -> ConfigError:
     """The error of a conversion whose source item ``path`` cannot be read: it stops, never a bad image."""
+    if isinstance(err, PermissionError):
+        return ConfigError(f"source item {path} cannot be read ({err.strerror}): make it readable, or remove it, and "
+                           "re-run the same command to resume")
     return ConfigError(f"source item {path} cannot be read ({err}); the source changed or vanished while converting: "
                        "restore it and re-run the same command to resume")
 

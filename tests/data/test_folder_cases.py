@@ -175,8 +175,12 @@ def test_a_class_folder_that_cannot_be_listed_is_named_not_silently_dropped(tmp_
     monkeypatch.setattr(os, "scandir", denied)
     cli_main(["data", "inspect", "pics"])
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
-    assert notes[0] == ("note        1 folder(s) could not be listed and their images are left out (e.g. b: "
+    assert notes[0] == ("note        1 folder(s) or link(s) could not be read and their images are left out (e.g. b: "
                         "Permission denied); make them readable to use them")
+    (tmp_path / "pics" / "c" / "gone.png").symlink_to(tmp_path / "deleted.png")  # a link to a file removed since
+    cli_main(["data", "inspect", "pics"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note")]
+    assert notes[0].startswith("note        2 folder(s) or link(s) could not be read")
     caplog.set_level(logging.WARNING, logger="ropim.data")
     with one_listing():
         assert check_batch_fits(DataConfig("pics", val_fraction=0.25), {"global_batch_size": 4}) == 6

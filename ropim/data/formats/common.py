@@ -71,7 +71,7 @@ class Listing:
         self.unread: dict[str, int] = {}  # image files of types not read (``OTHER_IMAGES``): {extension: count}
         self.linked: dict[str, str] = {}  # an image listed through a link: its real path -> the link
         self.again: list[tuple[str, str]] = []  # (path, real path) of images whose real file was listed already
-        self.unlisted: list[tuple[str, OSError]] = []  # folders that could not be listed (permissions, a stale mount)
+        self.unlisted: list[tuple[str, OSError]] = []  # folders not listed (permissions, a stale mount), broken links
         self.misnamed: list[str] = []  # files and folders whose names are not UTF-8 (a path column cannot hold them)
 
     def allowed(self, path: str, real: str) -> bool:
@@ -132,8 +132,8 @@ class Listing:
                          "(`ropim data`: --follow-links true), each real file still listed once")
         if self.unlisted:
             path, err = self.unlisted[0]
-            notes.append(f"{len(self.unlisted)} folder(s) could not be listed and their images are left out (e.g. "
-                         f"{self.shown(path)}: {err.strerror or err}); make them readable to use them")
+            notes.append(f"{len(self.unlisted)} folder(s) or link(s) could not be read and their images are left out "
+                         f"(e.g. {self.shown(path)}: {err.strerror or err}); make them readable to use them")
         if self.misnamed:
             shown = os.fsencode(self.shown(self.misnamed[0])).decode("utf-8", "backslashreplace")
             notes.append(f"{len(self.misnamed)} file(s) or folder(s) whose names are not valid UTF-8 are left out "

@@ -4,6 +4,7 @@ palette images become RGB. No torch, no Ray, no MLflow."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from itertools import islice
@@ -60,6 +61,8 @@ def walk_images(folder: str, listing: Listing) -> Iterator[str]:
                     subfolders.append((entry.path, target))
             elif not is_image(entry.name):
                 listing.passed_over(entry.name)
+            elif entry.is_symlink() and not os.path.exists(target):
+                listing.unlisted.append((entry.path, FileNotFoundError(errno.ENOENT, "a link that leads nowhere")))
             elif listing.allowed(entry.path, target) and listing.take(entry.path, target, entry.is_symlink()):
                 yield entry.path
         stack += reversed(subfolders)
