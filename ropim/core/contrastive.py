@@ -37,10 +37,12 @@ def gather_keys(k: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def contrastive_loss(q: torch.Tensor, k: torch.Tensor, temperature: float) -> torch.Tensor:
     """2τ · cross-entropy of the cosine similarities of queries q (B, dim) to the keys of every worker, divided by
-    τ; the positive of query i is this worker's key i. Computed in fp32."""
-    q = nn.functional.normalize(q.float(), dim=1)
-    k = nn.functional.normalize(k.float(), dim=1)
-    keys, offset = gather_keys(k)  # (world·B, dim)
-    logits = q @ keys.T / temperature  # (B, world·B)
-    labels = torch.arange(q.shape[0], device=q.device) + offset
-    return nn.functional.cross_entropy(logits, labels) * (2 * temperature)
+    τ; the positive of query i is this worker's key i. Computed in fp32, also inside the loop's bf16 / fp16 autocast
+    (whose matmul would round the logits: a step of 0.03 near 5 in bf16)."""
+    with torch.autocast(q.device.type, enabled=False):
+        q = nn.functional.normalize(q.float(), dim=1)
+        k = nn.functional.normalize(k.float(), dim=1)
+        keys, offset = gather_keys(k)  # (world·B, dim)
+        logits = q @ keys.T / temperature  # (B, world·B)
+        labels = torch.arange(q.shape[0], device=q.device) + offset
+        return nn.functional.cross_entropy(logits, labels) * (2 * temperature)
