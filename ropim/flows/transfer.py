@@ -81,8 +81,9 @@ def named(cell: FinetuneConfig | SegmentConfig, ref: EncoderRef) -> FinetuneConf
 
 
 def cell_result(cell: FinetuneConfig | SegmentConfig, ref: EncoderRef) -> JobResult:
-    """Run (continue, or report) a fine-tune or segmentation cell under its ``named`` run."""
-    return run(named(cell, ref), run_options={"resume": CONTINUE})
+    """Run (continue, or report) a fine-tune or segmentation cell under its ``named`` run, on the version the
+    pre-flight pinned (an alias moved meanwhile by a sweep does not change the table's row halfway)."""
+    return run(dataclasses.replace(named(cell, ref), encoder=ref.pinned), run_options={"resume": CONTINUE})
 
 
 def encoder_label(run_id: str, encoder: str) -> str:
@@ -139,7 +140,7 @@ def transfer(cfg: TransferConfig) -> dict[str, object]:
                 result = cell_result(cell, refs[encoder])
                 res = {**result.metrics, "run_id": result.run_id}
             else:
-                res = probe(cell)
+                res = probe(dataclasses.replace(cell, encoder=refs[encoder].pinned))
             label = encoder_label(res["run_id"], encoder)
             row = {"encoder": encoder, "encoder_label": label, "data": source, "dataset": dataset_name(cell.data),
                    "top1": res["top1"], "top5": res["top5"], "run_id": res["run_id"],

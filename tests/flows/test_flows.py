@@ -126,6 +126,37 @@ def test_transfer_table_over_encoders(workdir, encoder):
 
 
 
+def test_transfer_runs_every_cell_on_the_version_an_alias_held_at_its_start(workdir, encoder, monkeypatch):
+    """A sweep promotes another version while a transfer runs: its cells keep the version the pre-flight pinned
+    (before: each cell looked the alias up again, one row mixing versions under the first one's label)."""
+    from safetensors.torch import load_file
+
+    from ropim.tracking import registry
+
+    _, folder = encoder
+    c = store.client()
+    before = c.get_model_version_by_alias("ropim-encoder", "champion").version
+    run_id = store.create_run("ropim-pretrain", "tiny-2", {})
+    registry.register_encoder(run_id, load_file(str(folder / "encoder.safetensors")),
+                              json.loads((folder / "config.json").read_text()))
+    store.end_run(run_id)
+    newer = max(int(v.version) for v in c.search_model_versions("name='ropim-encoder'"))
+    real = transfer_flow.preflight
+
+    def promoted_meanwhile(cfg):
+        refs = real(cfg)
+        c.set_registered_model_alias("ropim-encoder", "champion", str(newer))
+        return refs
+
+    monkeypatch.setattr(transfer_flow, "preflight", promoted_meanwhile)
+    try:
+        res = transfer(TransferConfig(encoders="models:/ropim-encoder@champion", data="digits", mode="probe",
+                                      probe=ProbeConfig(linear_max_iter=20), out="pinned-table"))
+    finally:
+        c.set_registered_model_alias("ropim-encoder", "champion", before)
+    assert [r["encoder_label"] for r in res["rows"]] == [f"ropim-encoder v{before}"]
+
+
 def test_transfer_lists_each_data_source_once_for_every_cell(workdir, encoder, monkeypatch):
     """Two encoders probed on one ImageFolder: its pre-flight and both cells share one listing (before: one for the
     pre-flight and one per cell, 4 walks of the whole tree)."""
