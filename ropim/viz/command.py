@@ -71,9 +71,9 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     """
     from ropim.tracking import registry, store
 
-    state, config = registry.load_encoder_files(model_uri, uri)
+    version = registry.resolve_version(model_uri, uri)  # once: an alias moved meanwhile gives no other decoder
+    state, config = registry.load_encoder_files(f"models:/{version[0]}/{version[1]}" if version else model_uri, uri)
     cfg = model_config(config)
-    version = registry.resolve_version(model_uri, uri)
     run_id = None
     if version:
         run_id = store.client(uri).get_model_version(*version).tags.get("run_id")
