@@ -265,7 +265,8 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, op
         problems.append(f"{len(unexpected)} unexpected, e.g. {unexpected[0]}")
     if problems:
         raise ConfigError(f"{what}: the weights do not fit the {type(model).__name__} its config describes "
-                          f"({'; '.join(problems)}); config.json and the weights come from different models")
+                          f"({'; '.join(problems)}); config.json and the weights come from different models, or the "
+                          "model was built with other arguments")
     model.load_state_dict(state, strict=False)
 
 

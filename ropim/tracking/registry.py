@@ -284,12 +284,15 @@ def load_classifier(model_uri: str, uri: str | None = None):
 
 
 def load_encoder(model_uri: str, uri: str | None = None, **timm_overrides):
-    """The registered encoder as a plain timm model (VisionTransformer or Beit, eval mode) and its config."""
+    """The registered encoder as a plain timm model (VisionTransformer or Beit, eval mode) and its config;
+    ``timm_overrides`` change its timm arguments, not its weights (another ``img_size``: ``build_classifier``)."""
     import timm
 
     from ropim.core.backbone import load_weights
 
     state, config = load_encoder_files(model_uri, uri)
     model = timm.create_model(config["arch"], pretrained=False, **{**config["timm_kwargs"], **timm_overrides})
-    load_weights(model, state, f"encoder {model_uri}", optional=("head.",))
+    given = f"load_encoder with {timm_overrides} (ropim.core.backbone.build_classifier resamples for another " \
+        "img_size): " * bool(timm_overrides)
+    load_weights(model, state, f"{given}encoder {model_uri}", optional=("head.",))
     return model.eval(), config
