@@ -8,8 +8,11 @@ pretraining preset they start from and a few pretraining overrides.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ropim.checks import (
     COUNT,
@@ -25,6 +28,9 @@ from ropim.checks import (
 from ropim.errors import ConfigError
 from ropim.paths import resolve_path
 from tune.spaces import max_value, n_grid_points, validate_space
+
+if TYPE_CHECKING:
+    from ropim.train.pretrain.config import PretrainConfig
 
 PRESETS = Path(__file__).with_name("presets")
 SEARCHES = ("grid", "tpe")
@@ -154,6 +160,19 @@ class SweepConfig:
     @classmethod
     def from_dict(cls, d: dict) -> SweepConfig:
         return cls(**d)
+
+    def protocol(self, trial: PretrainConfig) -> str:
+        """The sweep metric with what its score depends on, under which the champion rule compares scores: a frozen
+        evaluation's k and bank (``FrozenEvalJob.protocol``); a downstream score's recipe, budget and (segmentation)
+        data, hashed (``finetune_top1@recipe=…``), the trial's own seed and workers left out."""
+        if self.metric not in ONCE:
+            return trial.protocol(self.metric)
+        job = self.metric.split("_", 1)[0]
+        fields = getattr(self, f"trial_{job}")(trial.to_dict())
+        recipe = {k: v for k, v in fields.items() if k not in ("seed", *TRIAL_RESOURCES)
+                  and not (job == "finetune" and k == "data")}  # a fine-tune's data: the trial's, the dataset key
+        digest = hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        return f"{self.metric}@recipe={digest}"
 
     def trial_finetune(self, pretrain: dict) -> dict:
         """The FinetuneConfig fields of the fine-tune of a trial that pretrained with ``pretrain``: the sweep's

@@ -124,7 +124,7 @@ def register_best(cfg: SweepConfig, best: dict, parent_run_id: str, uri: str) ->
                  "base_lr": full["base_lr"], "seed": full["seed"]}.items():
         c.set_model_version_tag(name, version, k, str(v))
     m = trial_cfg.model
-    decisions = promote_champion(name, version, trial_cfg.protocol(cfg.metric), dataset_key(full["data"]),
+    decisions = promote_champion(name, version, cfg.protocol(trial_cfg), dataset_key(full["data"]),
                                  float(best[cfg.metric]), higher_is_better=cfg.mode == "max", uri=uri,
                                  model=(m.arch, m.patch_size, m.img_size))
     registry.describe(name, version, uri)  # the card now holds the sweep and its score

@@ -382,7 +382,11 @@ def test_finetune_objective_is_the_papers_protocol(rho_sweep, workdir, segment_s
     assert r.best["finetune_top1"] == r.rows[0]["finetune_top1"]
     assert "finetune_top1 (%) by rho" in r.table and "knn_top1 (%) by rho" in r.table
     mv = c.get_model_version(*registry.resolve_version(r.encoder_uri))
-    assert mv.tags["metric"] == "finetune_top1" and float(mv.tags["metric_value"]) == r.best["finetune_top1"]
+    from ropim.train.pretrain.config import PretrainConfig
+
+    assert mv.tags["metric"] == cfg.protocol(PretrainConfig.from_dict(cfg.pretrain))  # finetune_top1@recipe=…
+    assert mv.tags["metric"].startswith("finetune_top1@recipe=")
+    assert float(mv.tags["metric_value"]) == r.best["finetune_top1"]
     assert len(c.search_model_versions("name = 'ropim-classifier'")) == classifiers  # trials register no classifier
 
 

@@ -1,0 +1,25 @@
+"""What a sweep's score is compared under (``SweepConfig.protocol``): the champion rule moves an alias only between
+scores of one protocol, so a downstream score names its recipe, budget and segmentation data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ropim.train.pretrain.config import PretrainConfig
+from tune.sweep import config_from_args
+
+
+def protocol(*flags: str, **trial) -> str:
+    cfg = config_from_args(list(flags))
+    return cfg.protocol(replace(PretrainConfig.from_dict(cfg.pretrain), **trial))
+
+
+def test_a_downstream_score_is_compared_only_under_its_own_recipe_and_data():
+    assert protocol() == "knn_top1@k=20"  # a frozen evaluation: its k (and bank), as before
+    ft = protocol("--metric", "finetune_top1")
+    assert ft.startswith("finetune_top1@recipe=")
+    assert protocol("--metric", "finetune_top1", seed=7, num_workers=1) == ft  # the trial's seed, workers: one recipe
+    assert protocol("--metric", "finetune_top1", "--finetune.epochs", "100") != ft  # before: both "finetune_top1"
+    seg = protocol("--metric", "segment_miou")
+    assert seg.startswith("segment_miou@recipe=") and seg != protocol(
+        "--metric", "segment_miou", "--segment.data.canvases", "400")  # another segmentation data set
