@@ -11,6 +11,7 @@ import contextlib
 import json
 import tempfile
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
 CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
-ENCODER_REQUIREMENTS = ["torch", "timm", "safetensors", "numpy"]
+# pinned as installed (a +cu128 build tag dropped): without ropim, the timm its weights' keys were written for
+ENCODER_REQUIREMENTS = [f"{n}=={metadata.version(n).split('+')[0]}" for n in ("torch", "timm", "safetensors", "numpy")]
 
 
 def register_model(

@@ -4,6 +4,7 @@ beside it) and read back as the torch model."""
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 SEGMENTER_CODE = Path(__file__).with_name("mlflow_segmenter.py")
 UPERNET_FILE = Path(upernet.__file__)
-SEGMENTER_REQUIREMENTS = (*registry.ENCODER_REQUIREMENTS, "segmentation-models-pytorch")
+SEGMENTER_REQUIREMENTS = (*registry.ENCODER_REQUIREMENTS,
+                          f"segmentation-models-pytorch=={metadata.version('segmentation-models-pytorch')}")
 
 
 def register_segmenter(run_id: str, state: dict[str, torch.Tensor], config: dict, name: str = DEFAULT_SEGMENTER_NAME,

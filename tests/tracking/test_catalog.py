@@ -110,6 +110,16 @@ def test_a_version_stores_its_signature_and_no_input_example(two_versions):
     assert not [p.name for p in Path(folder).rglob("*example*")]
 
 
+def test_a_version_pins_the_packages_it_loads_with(two_versions, tmp_path):
+    """A team loading the version with MLflow alone (no ropim) months later gets the timm its weights' keys and
+    arguments were written for (before: bare names, whatever PyPI held that day)."""
+    from importlib import metadata
+
+    folder = mlflow.artifacts.download_artifacts("models:/ropim-encoder/1", dst_path=str(tmp_path))
+    wanted = {f"{n}=={metadata.version(n).split('+')[0]}" for n in ("torch", "timm", "safetensors", "numpy")}
+    assert wanted <= set((Path(folder) / "requirements.txt").read_text().split())
+
+
 def test_lineage_lists_the_fine_tunes_of_a_version_not_the_random_init_baselines(two_versions):
     from ropim.tracking.catalog import lineage
 
