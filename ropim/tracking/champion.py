@@ -40,13 +40,23 @@ def shape_of(tags: dict[str, str]) -> str | None:
         return None
 
 
+def holder_of(c: RetryingClient, name: str, alias: str):
+    """The version holding ``alias`` of ``name``, or None when none does; any other error of the store (a server
+    down after its retries) is raised, never read as a free alias that moves without a comparison."""
+    try:
+        return c.get_model_version_by_alias(name, alias)
+    except mlflow.exceptions.MlflowException as err:
+        if err.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"):  # no such alias, or model
+            return None
+        raise
+
+
 def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: str, dataset: str, value: float,
               higher_is_better: bool, shape: str | None = None) -> tuple[bool, str]:
     """Whether ``version`` (``metric`` = ``value`` on ``dataset``) takes ``alias``, and why (one line). ``shape``: the
     shape a per-shape alias is for; its holder of another shape (never right) gives it up."""
-    try:
-        holder = c.get_model_version_by_alias(name, alias)
-    except mlflow.exceptions.MlflowException:
+    holder = holder_of(c, name, alias)
+    if holder is None:
         return True, f"no version held {alias!r}"
     if str(holder.version) == str(version):
         return True, f"v{version} already holds {alias!r}"
@@ -119,10 +129,8 @@ def settled(c: RetryingClient, name: str, version: str,
     promotion may have settled it elsewhere, or here); a changed one is stored again."""
     out = {}
     for a, (moved, reason) in decisions.items():
-        try:
-            holder = str(c.get_model_version_by_alias(name, a).version)
-        except mlflow.exceptions.MlflowException:
-            holder = None
+        held = holder_of(c, name, a)
+        holder = str(held.version) if held is not None else None
         now = holder == version
         if now != moved:
             where = "here" if now else f"on v{holder}" if holder else "nowhere (removed)"
@@ -166,9 +174,8 @@ def settle(c: RetryingClient, name: str, aliases: dict[str, str | None], higher_
     for _ in range(max_passes):
         changed = False
         for a, shape in aliases.items():
-            try:
-                holder = c.get_model_version_by_alias(name, a)
-            except mlflow.exceptions.MlflowException:
+            holder = holder_of(c, name, a)
+            if holder is None:
                 continue
             tags = holder.tags or {}
             if not set(SCORE_TAGS) <= set(tags) or (shape is not None and shape_of(tags) != shape):

@@ -39,6 +39,27 @@ def test_champion_rule_per_metric_and_dataset(workdir):
     assert tags["alias.champion"].startswith("not moved: knn_top1@k=20 40 does not beat")
 
 
+def test_a_store_error_reading_the_holder_moves_no_alias(workdir, monkeypatch):
+    """A server that fails the holder's look-up (after MLflow's retries) stops the promotion; before, any error read
+    as "no version held it" and the alias moved without a comparison."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    c, name = store.client(), "outage-test"
+    c.create_registered_model(name)
+    v = [c.create_model_version(name, "file:///nowhere").version for _ in range(2)]
+    promote_champion(name, v[0], "knn_top1@k=20", "digits", 50.0)
+
+    def unavailable(self, model, alias):
+        raise mlflow.exceptions.MlflowException("503 Service Unavailable", error_code="TEMPORARILY_UNAVAILABLE")
+
+    with monkeypatch.context() as m:
+        m.setattr(MlflowClient, "get_model_version_by_alias", unavailable)
+        with pytest.raises(mlflow.exceptions.MlflowException, match="503"):
+            promote_champion(name, v[1], "knn_top1@k=20", "digits", 10.0)
+    assert c.get_model_version_by_alias(name, "champion").version == v[0]
+
+
 TINY, SMALL = "vit_tiny_patch16_224", "vit_small_patch16_224"
 
 
