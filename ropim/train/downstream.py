@@ -145,7 +145,9 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
         raise Cancelled("evaluation cancelled before its kNN and probe")
     if split_over:
         val_x, val_y = joined(split_over, val_x, len(val_set)), joined(split_over, val_y, len(val_set))
-    on = split_over.device if split_over else torch.device("cpu")  # a worker's GPU: its share's similarities there
+    # a worker's device (every worker evaluates at once, nothing trains meanwhile): its share's similarities there;
+    # an evaluation beside training (no ``worker``) leaves the GPU to training
+    on = worker.device if worker is not None else torch.device("cpu")
     sim, labels = knn_neighbours(train_x.to(on), train_y, val_x.to(on), knn_k)  # this worker's share of the bank
     if split_over:  # every share's candidates (world, V, k) -> the k nearest of them all
         sim, labels = (split_over.gather(t).permute(1, 0, 2).flatten(1) for t in (sim, labels))
