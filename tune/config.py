@@ -26,7 +26,7 @@ from ropim.checks import (
     check_run_name,
 )
 from ropim.errors import ConfigError
-from ropim.paths import resolve_path
+from ropim.paths import recorded_location, resolve_path
 from tune.spaces import max_value, n_grid_points, validate_space
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ METRICS = {"knn_top1": "max", "linear_top1": "max", "finetune_top1": "max", "seg
 ONCE = ("finetune_top1", "segment_miou")  # measured once, after a trial's last epoch
 # where a trial's fine-tune or segmentation runs: the trial's own workers
 TRIAL_RESOURCES = ("num_workers", "use_gpu", "cpus_per_worker", "wait_for_resources")
+# a downstream job's fields that do not change its score (beside its resumable ones): not in a score's protocol
+NOT_RECIPE = ("seed", "run_name", "experiment", "storage_path", "registered_model", "encoder", "random_init",
+              "checkpoint_every", "keep_checkpoints", "max_failures", "eval_every", *TRIAL_RESOURCES)
 # FinetuneConfig fields a trial's fine-tune takes from the trial itself, not from the sweep's ``finetune``
 FINETUNE_FROM_TRIAL = ("encoder", "random_init", "data", "seed", "experiment", "run_name", "storage_path",
                        "registered_model", *TRIAL_RESOURCES)
@@ -167,10 +170,15 @@ class SweepConfig:
         data, hashed (``finetune_top1@recipe=…``), the trial's own seed and workers left out."""
         if self.metric not in ONCE:
             return trial.protocol(self.metric)
-        job = self.metric.split("_", 1)[0]
-        fields = getattr(self, f"trial_{job}")(trial.to_dict())
-        recipe = {k: v for k, v in fields.items() if k not in ("seed", *TRIAL_RESOURCES)
-                  and not (job == "finetune" and k == "data")}  # a fine-tune's data: the trial's, the dataset key
+        from ropim.train.jobs import JOBS
+
+        job = JOBS[self.metric.split("_", 1)[0]].config
+        full = job.from_dict(getattr(self, f"trial_{job.NAME}")(trial.to_dict())).to_dict()  # defaults written out
+        recipe = {k: v for k, v in full.items() if k not in (*job.RESUMABLE, *NOT_RECIPE)}
+        if job.NAME == "finetune":
+            del recipe["data"]  # the trial's own: the score's dataset key
+        else:  # the segmentation data as the dataset key records a location (``recorded_location``)
+            recipe["data"] = {**recipe["data"], "source": recorded_location(recipe["data"]["source"])}
         digest = hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
         return f"{self.metric}@recipe={digest}"
 

@@ -75,7 +75,7 @@ def named(cell: FinetuneConfig | SegmentConfig, ref: EncoderRef) -> FinetuneConf
     fields a continued run may change left out). The same cell of a later transfer continues its stopped run, or
     reports its finished one, instead of training again; another recipe, seed or encoder version is another cell."""
     spec = {k: v for k, v in dataclasses.replace(cell, encoder=ref.pinned).resolved().to_dict().items()
-            if k not in (*cell.RESUMABLE, "run_name")}
+            if k not in (*cell.RESUMABLE, "run_name") or k == "accum_steps"}  # resumable since: earlier cells' names
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return dataclasses.replace(cell, run_name=f"transfer-{cell.kind}-{dataset_name(cell.data)[:48]}-{digest}")
 

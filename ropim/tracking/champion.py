@@ -68,6 +68,8 @@ def challenge(c: RetryingClient, name: str, version: str, alias: str, metric: st
         return True, f"{alias!r} was v{holder.version}, an encoder of another shape ({held})"
     if recorded_location(tags["metric_dataset"]) != dataset:
         return False, f"{alias!r} is v{holder.version} on another dataset ({tags['metric_dataset']})"
+    if metric.startswith(f"{tags['metric']}@recipe="):  # registered before a downstream score named its recipe
+        return True, f"{alias!r} was v{holder.version}, scored by {tags['metric']} under a recipe not recorded"
     if tags["metric"] != metric:
         return False, f"{alias!r} is v{holder.version} scored by another metric ({tags['metric']})"
     current = float(tags["metric_value"])

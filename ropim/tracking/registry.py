@@ -11,7 +11,6 @@ import contextlib
 import json
 import tempfile
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from mlflow.types import Schema, TensorSpec
 from mlflow.utils.logging_utils import MLFLOW_LOGGING_STREAM
 
 from ropim.paths import recorded_location
+from ropim.tracking import store
 from ropim.tracking.cards import card, kind_of, stored_lineage
 from ropim.tracking.model_folder import MODEL_KINDS, MixedKinds, check_local_model, model_files, wrong_kind
 from ropim.tracking.names import CHAMPION, DEFAULT_CLASSIFIER_NAME, DEFAULT_ENCODER_NAME
@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 ENCODER_CODE = Path(__file__).with_name("mlflow_encoder.py")
 CLASSIFIER_CODE = Path(__file__).with_name("mlflow_classifier.py")
-# pinned as installed (a +cu128 build tag dropped): without ropim, the timm its weights' keys were written for
-ENCODER_REQUIREMENTS = [f"{n}=={metadata.version(n).split('+')[0]}" for n in ("torch", "timm", "safetensors", "numpy")]
+ENCODER_REQUIREMENTS = store.requirements("torch", "timm", "safetensors", "numpy")  # pinned as installed
 
 
 def register_model(

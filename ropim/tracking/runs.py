@@ -178,9 +178,16 @@ def open_locked(experiment: str, name: str, config: dict, storage_path: str | No
                           f"{uri} does not hold: run the command where the run started, or set MLFLOW_TRACKING_URI "
                           "to the store it was tracked in") from None
     finished = stored.info.status == "FINISHED" or meta.get("finished") is True
-    typed = {k: config[k] for k in resumable if k in config and meta["config"].get(k, config[k]) != config[k]}
-    if typed and not finished:  # what this continuation runs on (its hardware): what the next --resume reads
-        meta = {**meta, "config": {**meta["config"], **typed}}
+    kept = json.loads(json.dumps(meta["config"]))  # what this continuation runs on: what the next --resume reads
+    for key in resumable:
+        *parents, leaf = key.split(".")
+        new, old, node = config, stored_config, kept
+        for part in parents:
+            new, old, node = new.get(part, {}), old.get(part, {}), node.setdefault(part, {})
+        if leaf in new and old.get(leaf) != new[leaf]:
+            node[leaf] = new[leaf]
+    if kept != meta["config"] and not finished:
+        meta = {**meta, "config": kept}
         write_run_meta(storage_path, name, meta)
     if not finished:
         c.update_run(meta["run_id"], status="RUNNING")

@@ -4,13 +4,12 @@ beside it) and read back as the torch model."""
 
 from __future__ import annotations
 
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ropim.core import upernet
 from ropim.core.backbone import load_weights
-from ropim.tracking import registry
+from ropim.tracking import registry, store
 from ropim.tracking.names import DEFAULT_SEGMENTER_NAME
 
 if TYPE_CHECKING:
@@ -18,8 +17,7 @@ if TYPE_CHECKING:
 
 SEGMENTER_CODE = Path(__file__).with_name("mlflow_segmenter.py")
 UPERNET_FILE = Path(upernet.__file__)
-SEGMENTER_REQUIREMENTS = (*registry.ENCODER_REQUIREMENTS,
-                          f"segmentation-models-pytorch=={metadata.version('segmentation-models-pytorch')}")
+SEGMENTER_REQUIREMENTS = (*registry.ENCODER_REQUIREMENTS, *store.requirements("segmentation-models-pytorch"))
 
 
 def register_segmenter(run_id: str, state: dict[str, torch.Tensor], config: dict, name: str = DEFAULT_SEGMENTER_NAME,

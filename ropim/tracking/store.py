@@ -13,11 +13,13 @@ import fcntl
 import functools
 import os
 import random
+import re
 import tempfile
 import time
 import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 
 import mlflow
@@ -188,6 +190,18 @@ def log_artifact(run_id: str, local_path: str | Path, artifact_path: str | None 
                  uri: str | None = None) -> None:
     """Upload a local file as a run artifact (under ``artifact_path``)."""
     client(uri).log_artifact(run_id, str(local_path), artifact_path)
+
+
+def requirements(*names: str) -> list[str]:
+    """pip requirements of a logged model: each package as installed now, ``==`` a release (a +local build tag
+    dropped) or ``>=`` the release a pre-release or dev build leads to: a model loaded without ropim months later gets
+    the timm its weights' keys and arguments were written for, and an environment pip can build."""
+    out = []
+    for name in names:
+        installed = metadata.version(name).split("+")[0]
+        release = re.match(r"\d+(\.\d+)*", installed)[0]
+        out.append(f"{name}=={installed}" if release == installed else f"{name}>={release}")
+    return out
 
 
 def log_pyfunc(run_id: str, **kwargs):

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -80,9 +81,9 @@ def scratch_folder() -> Path:
     this host and process. The ones a process of this host left when it was killed (a worker lost to SIGKILL or the
     kernel's OOM killer mid-upload: a GiB at ViT-B) are removed first."""
     host = socket.gethostname()
+    ours = re.compile(re.escape(f"{SCRATCH}{host}-") + r"(\d+)-[^-]+")  # not host "worker-17"'s, on a shared TMPDIR
     for old in Path(tempfile.gettempdir()).glob(f"{SCRATCH}{host}-*-*"):
-        pid = old.name[len(SCRATCH) + len(host) + 1:].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if (m := ours.fullmatch(old.name)) and not psutil.pid_exists(int(m[1])):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{host}-{os.getpid()}-"))
 
@@ -101,16 +102,18 @@ def write_checkpoint(model: torch.nn.Module, optimizer, scaler, epoch: int, step
                      unsent: list) -> Path:
     """Epoch ``epoch``'s checkpoint written whole in a new ``scratch_folder``: ``save_checkpoint``'s files, its
     ``metrics`` and the ``unsent`` records; nothing left of it on an error, NoRoom when the temporary folder is full."""
-    folder = scratch_folder()
+    folder = None
     try:
+        folder = scratch_folder()
         save_checkpoint(folder, model, optimizer, scaler, epoch, step, config)
         (folder / "metrics.json").write_text(json.dumps(metrics))
         if unsent:
             (folder / UNRECORDED).write_text(json.dumps(unsent))
     except BaseException as err:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         if full(err):
-            raise NoRoom(f"no space left in {folder.parent} (the temporary folder) for epoch {epoch + 1}'s "
+            raise NoRoom(f"no space left in {tempfile.gettempdir()} (the temporary folder) for epoch {epoch + 1}'s "
                          "checkpoint: free space there, or set TMPDIR to a larger disk") from None
         raise
     return folder

@@ -96,6 +96,9 @@ def final_eval(folder: Path) -> dict:
     return json.loads((folder / "metrics.json").read_text())["eval"]
 
 
+GPU_BANK = 300_000  # train images whose features one worker's kNN holds on its GPU (~1.8 GB at ViT-B's 768 wide)
+
+
 def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:
     """Write ``tags`` (e.g. ``downstream.digits.top1``) on the encoder's registered version, if it has one."""
     if ref.version is not None:
@@ -145,9 +148,11 @@ def frozen_scores(encoder: torch.nn.Module, img_size: int, data: DataConfig, knn
         raise Cancelled("evaluation cancelled before its kNN and probe")
     if split_over:
         val_x, val_y = joined(split_over, val_x, len(val_set)), joined(split_over, val_y, len(val_set))
-    # a worker's device (every worker evaluates at once, nothing trains meanwhile): its share's similarities there;
-    # an evaluation beside training (no ``worker``) leaves the GPU to training
-    on = worker.device if worker is not None else torch.device("cpu")
+    # a worker's device (every worker evaluates at once, nothing trains meanwhile): its share's similarities there,
+    # one worker's whole bank up to GPU_BANK images (twice its features in GPU memory while normalized); an
+    # evaluation beside training (no ``worker``) leaves the GPU to training
+    near = worker is not None and (split_over is not None or len(train_set) <= GPU_BANK)
+    on = worker.device if near else torch.device("cpu")
     sim, labels = knn_neighbours(train_x.to(on), train_y, val_x.to(on), knn_k)  # this worker's share of the bank
     if split_over:  # every share's candidates (world, V, k) -> the k nearest of them all
         sim, labels = (split_over.gather(t).permute(1, 0, 2).flatten(1) for t in (sim, labels))

@@ -120,6 +120,15 @@ def test_a_version_pins_the_packages_it_loads_with(two_versions, tmp_path):
     assert wanted <= set((Path(folder) / "requirements.txt").read_text().split())
 
 
+def test_a_build_pip_cannot_fetch_is_required_from_its_release_on(monkeypatch):
+    """A CUDA build's local tag is dropped; an NGC pre-release or a dev build of timm is required as ``>=`` the
+    release it leads to: ``==`` of it names nothing PyPI holds."""
+    for installed, wanted in (("2.14.1+cu128", "torch==2.14.1"), ("2.6.0a0+git1f2e3d", "torch>=2.6.0"),
+                              ("1.0.32.dev0", "torch>=1.0.32")):
+        monkeypatch.setattr(store.metadata, "version", lambda name, v=installed: v)
+        assert store.requirements("torch") == [wanted]
+
+
 def test_lineage_lists_the_fine_tunes_of_a_version_not_the_random_init_baselines(two_versions):
     from ropim.tracking.catalog import lineage
 

@@ -60,6 +60,20 @@ def test_a_store_error_reading_the_holder_moves_no_alias(workdir, monkeypatch):
     assert c.get_model_version_by_alias(name, "champion").version == v[0]
 
 
+def test_a_downstream_champion_registered_before_recipes_were_recorded_gives_way(workdir):
+    """A version promoted by a `finetune_top1` sweep before the tag named its recipe: the first score under a
+    recorded recipe takes the alias (the two are not comparable, and the old tag never would be again)."""
+    c, name = store.client(), "recipe-test"
+    c.create_registered_model(name)
+    v = [c.create_model_version(name, "file:///nowhere").version for _ in range(3)]
+    promote_champion(name, v[0], "finetune_top1", "digits", 90.0)
+    moved = promote_champion(name, v[1], "finetune_top1@recipe=aaaa", "digits", 50.0)["champion"]
+    assert moved == (True, "'champion' was v1, scored by finetune_top1 under a recipe not recorded")
+    other = promote_champion(name, v[2], "finetune_top1@recipe=bbbb", "digits", 99.0)["champion"]
+    assert not other[0] and "another metric (finetune_top1@recipe=aaaa)" in other[1]  # another recipe: kept
+    assert c.get_model_version_by_alias(name, "champion").version == v[1]
+
+
 TINY, SMALL = "vit_tiny_patch16_224", "vit_small_patch16_224"
 
 

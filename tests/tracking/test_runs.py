@@ -46,6 +46,19 @@ def test_named_run_is_created_continued_refused_and_reported(workdir):
     assert status(first) == "FINISHED"  # reporting a finished run leaves it as it was
 
 
+def test_a_continued_run_keeps_a_nested_resumable_change_for_the_next_resume(workdir):
+    """A sweep continued with --registered_model other (``pretrain.registered_model``), stopped, then continued as
+    stored: the stored config holds what the last continuation ran with."""
+    cfg = {"epochs": 3, "pretrain": {"registered_model": "ropim-encoder", "epochs": 3}}
+    with open_run(experiment="t", name="nested", config=cfg, storage_path="runs") as run:
+        run.stop()
+    changed = {**cfg, "pretrain": {**cfg["pretrain"], "registered_model": "other"}}
+    with open_run(experiment="t", name="nested", config=changed, storage_path="runs",
+                  resumable=("pretrain.registered_model",)) as run:
+        run.stop()
+    assert read_run_meta("runs", "nested")["config"] == changed
+
+
 def test_an_exception_marks_failed_and_ctrl_c_killed(workdir):
     with pytest.raises(RuntimeError), open_run(experiment="t", name="boom", config={}) as run:
         raise RuntimeError("broken")

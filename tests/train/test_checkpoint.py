@@ -64,10 +64,11 @@ def test_a_killed_workers_checkpoint_folder_is_removed_by_the_next_one_on_its_ho
     host = socket.gethostname()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     left = [tmp_path / f"{SCRATCH}{host}-{int(dead.stdout)}-x1", tmp_path / f"{SCRATCH}{host}-{os.getppid()}-x2",
-            tmp_path / f"{SCRATCH}other-host-{int(dead.stdout)}-x3"]
+            tmp_path / f"{SCRATCH}other-host-{int(dead.stdout)}-x3",
+            tmp_path / f"{SCRATCH}{host}-17-{int(dead.stdout)}-x4"]  # host "<this host>-17" sharing the folder
     for folder in left:
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"0" * 1024)
     new = scratch_folder()
     assert new.parent == tmp_path and new.name.startswith(f"{SCRATCH}{host}-{os.getpid()}-")
-    assert [f.exists() for f in left] == [False, True, True]
+    assert [f.exists() for f in left] == [False, True, True, True]

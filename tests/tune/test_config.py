@@ -20,6 +20,8 @@ def test_a_downstream_score_is_compared_only_under_its_own_recipe_and_data():
     assert ft.startswith("finetune_top1@recipe=")
     assert protocol("--metric", "finetune_top1", seed=7, num_workers=1) == ft  # the trial's seed, workers: one recipe
     assert protocol("--metric", "finetune_top1", "--finetune.epochs", "100") != ft  # before: both "finetune_top1"
+    for flag, value in (("log_every", "7"), ("checkpoint_every", "3"), ("dataloader_workers", "2")):
+        assert protocol("--metric", "finetune_top1", f"--finetune.{flag}", value) == ft  # the score is the same
     seg = protocol("--metric", "segment_miou")
     assert seg.startswith("segment_miou@recipe=") and seg != protocol(
         "--metric", "segment_miou", "--segment.data.canvases", "400")  # another segmentation data set

@@ -107,9 +107,10 @@ class Listing:
         return relative(path, self.root)
 
     def named(self, path: str) -> bool:
-        """Whether ``path``'s name is valid UTF-8 (what paths are stored as); ``misnamed`` gets it otherwise."""
+        """Whether ``path``'s name is valid UTF-8 (what paths are stored as, relative to the source); ``misnamed``
+        gets it otherwise."""
         try:
-            path.encode("utf-8")
+            os.path.basename(path).encode("utf-8")
         except UnicodeEncodeError:  # bytes os.scandir could not decode, kept as surrogates
             self.misnamed.append(path)
             return False
