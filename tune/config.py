@@ -179,7 +179,9 @@ class SweepConfig:
             del recipe["data"]  # the trial's own: the score's dataset key
         else:  # the segmentation data as the dataset key records a location (``recorded_location``)
             recipe["data"] = {**recipe["data"], "source": recorded_location(recipe["data"]["source"])}
-        digest = hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        # numbers as floats: warm-up 1 from a YAML file is the command line's 1.0
+        canonical = json.loads(json.dumps(recipe, default=str), parse_int=float)
+        digest = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.metric}@recipe={digest}"
 
     def trial_finetune(self, pretrain: dict) -> dict:

@@ -94,7 +94,8 @@ def check_downstream(cfg: SweepConfig) -> None:
         return
     if cfg.metric == "finetune_top1":
         digits = yaml.safe_load((PRESETS / "finetune" / "digits_demo.yaml").read_text())
-        if all(cfg.finetune.get(k) == v for k, v in digits.items() if k not in ("data", "num_workers", "log_every")):
+        trial = PretrainConfig.from_dict(cfg.pretrain)  # the same recipe: the same protocol the champion rule reads
+        if dataclasses.replace(cfg, finetune=digits).protocol(trial) == cfg.protocol(trial):
             raise ConfigError(f"--metric finetune_top1 on data.source={source}: every trial would fine-tune with the "
                               "digits demo's recipe (the rho_ablation preset's: 10 epochs, batch 32, no augmentation); "
                               "give this data's recipe: --finetune FILE (e.g. ropim/presets/finetune/vit_base.yaml, "

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ropim.train.task import Worker
 
 log = logging.getLogger("ropim.downstream")
+GPU_BANK = 300_000  # train images whose features one worker's kNN holds on its GPU (~1.8 GB at ViT-B's 768 wide)
 
 
 def eval_split(ref: EncoderRef, data: DataConfig, img_size: int, split: str = "val"):
@@ -94,9 +95,6 @@ def log_results(run_id: str, confusion, classes: list[str], tracking: str, *, pr
 def final_eval(folder: Path) -> dict:
     """The final evaluation a fine-tune's or segmentation's last checkpoint holds (its ``metrics.json``)."""
     return json.loads((folder / "metrics.json").read_text())["eval"]
-
-
-GPU_BANK = 300_000  # train images whose features one worker's kNN holds on its GPU (~1.8 GB at ViT-B's 768 wide)
 
 
 def tag_version(ref: EncoderRef, tags: dict[str, float], tracking: str) -> None:

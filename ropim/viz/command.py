@@ -69,14 +69,14 @@ def load_registered_model(model_uri: str, uri: str | None = None) -> tuple[Model
     when the pretraining run also logged ``decoder/decoder.safetensors`` (the ``decoder.*`` and
     ``mask_token`` entries of the ROPIM state dict); otherwise the model is None.
     """
-    from ropim.tracking import registry, store
+    from ropim.tracking import store
+    from ropim.tracking.encoders import resolve_encoder
 
-    version = registry.resolve_version(model_uri, uri)  # once: an alias moved meanwhile gives no other decoder
-    state, config = registry.load_encoder_files(f"models:/{version[0]}/{version[1]}" if version else model_uri, uri)
-    cfg = model_config(config)
+    ref, state = resolve_encoder(model_uri, uri)  # an alias resolved once: the decoder is of the version loaded
+    config, cfg = ref.config, model_config(ref.config)
     run_id = None
-    if version:
-        run_id = store.client(uri).get_model_version(*version).tags.get("run_id")
+    if ref.version:
+        run_id = store.client(uri).get_model_version(ref.name, ref.version).tags.get("run_id")
     from safetensors.torch import load_file
 
     with store.run_artifact(run_id, DECODER_ARTIFACT, uri) if run_id else contextlib.nullcontext() as local:

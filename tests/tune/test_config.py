@@ -25,3 +25,13 @@ def test_a_downstream_score_is_compared_only_under_its_own_recipe_and_data():
     seg = protocol("--metric", "segment_miou")
     assert seg.startswith("segment_miou@recipe=") and seg != protocol(
         "--metric", "segment_miou", "--segment.data.canvases", "400")  # another segmentation data set
+
+
+def test_a_recipe_from_a_yaml_file_and_one_typed_hash_alike():
+    """YAML reads ``warmup_epochs: 1`` as an int, the command line as 1.0: one recipe, one protocol (before: two
+    hashes, so the same recipe from a preset file and from flags never competed)."""
+    cfg = config_from_args(["--metric", "finetune_top1"])
+    trial = PretrainConfig.from_dict(cfg.pretrain)
+    as_int = replace(cfg, finetune={**cfg.finetune, "warmup_epochs": 1, "epochs": 10})
+    as_float = replace(cfg, finetune={**cfg.finetune, "warmup_epochs": 1.0, "epochs": 10})
+    assert as_int.protocol(trial) == as_float.protocol(trial)

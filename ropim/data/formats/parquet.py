@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 
 from ropim.data import footers
 from ropim.data.formats.common import CLASSIFY, SEGMENT, VAL_NAMES, Source, class_names, in_val
-from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, unreadable
+from ropim.data.formats.parquet_rows import ERRORS, ParquetList, ParquetSegList, encoded, row_name, unreadable
 from ropim.data.lists import Items
 from ropim.errors import ConfigError, DataError
 from ropim.filesystems import filesystem as open_location
@@ -204,7 +204,7 @@ class ParquetSource(Source):
             lab, pth, idx = self.rows_of(f, keep_val)
             rows.append(idx)
             labels.append(lab[idx])
-            paths += [pth[i] if pth[i] is not None else f"{f}#{i}" for i in idx]
+            paths += [pth[i] if pth[i] is not None else row_name(f, i) for i in idx]
         if self.cfg.TASK == SEGMENT:
             return ParquetSegList(self.fs, files, rows, paths, len(self.classes), cache_files)
         labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)

@@ -52,6 +52,11 @@ def kept(cache: dict, f: int, size: int, read: Callable[[], object]):
     return cache[f]
 
 
+def row_name(file: str, row: int) -> str:
+    """The name a listing gives a row whose shard has no ``path`` (messages name it; a conversion writes null)."""
+    return f"{file}#{row}"
+
+
 class ShardRows:
     """Selected rows of Parquet shards (``files``, the ``rows`` taken of each), whose encoded ``COLUMNS`` are read a
     file at a time, on first use, and kept (``cache_files`` files; default ``KEPT_FILES``): a training order reads
@@ -80,7 +85,7 @@ class ShardRows:
         conversion keeps it null, so that readers of the copy split it by its bytes, as they split the source."""
         f, j = self.shard_of(i)
         path = self.paths[i]
-        return None if path == f"{self.files[f]}#{self.rows[f][j]}" else path
+        return None if path == row_name(self.files[f], self.rows[f][j]) else path
 
     def first_rows(self, k: int) -> tuple[list[int], dict[str, pa.ChunkedArray]]:
         """(up to ``k`` of the first items, their encoded columns) from the first row group of the first shard that
